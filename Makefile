@@ -1,0 +1,33 @@
+# Two entry points (see README): `make demo` and `make test`. Both create .venv when missing.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: demo test setup sysdeps bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed sysdeps
+
+# bubblewrap is the sandbox of the code-interpreter tool; without root we only warn.
+sysdeps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
+	  else echo "note: bubblewrap missing and not root; sandbox tests will fail (apt-get install bubblewrap)"; fi; }
+
+demo: setup
+	$(BIN)/python -m orchestrax.train.demo
+
+test: setup
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -ra tests
+
+bench: setup
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

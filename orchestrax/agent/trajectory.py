@@ -1,0 +1,70 @@
+"""What one episode leaves behind: exact token ids, masks, logprobs and per-turn records.
+
+Token-in/token-out: `token_ids` is the prompt followed by every id the sampler produced and every
+id of every tool-response block, in order, exactly as the model saw them. `loss_mask[i] == 1`
+only where the policy generated `token_ids[i]`; `logprobs[i]` is the sampler's logprob there
+(0.0 elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+EndReason = Literal["answer", "max_turns", "context", "format_errors", "user_stop", "error"]
+
+
+@dataclasses.dataclass(kw_only=True)
+class ToolCallRecord:
+    name: str
+    arguments: dict[str, Any]
+    observation: str
+    cost: float = 0.0          # US dollars
+    latency: float = 0.0       # seconds
+    ok: bool = True            # False: the call failed, timed out or was malformed
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclasses.dataclass(kw_only=True)
+class TurnRecord:
+    text: str                  # the assistant's decoded text for this turn
+    tool_calls: list[ToolCallRecord] = dataclasses.field(default_factory=list)
+    format_error: str | None = None
+    tokens_in: int = 0         # context length the sampler saw
+    tokens_out: int = 0        # tokens it generated
+
+
+@dataclasses.dataclass(kw_only=True)
+class Trajectory:
+    task_id: str
+    prompt_len: int = 0
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+    final_answer: str | None = None
+    end_reason: EndReason | None = None
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # readable log only
+
+    @property
+    def tool_calls(self) -> list[ToolCallRecord]:
+        return [c for t in self.turns for c in t.tool_calls]
+
+    @property
+    def assistant_texts(self) -> list[str]:
+        return [t.text for t in self.turns]
+
+    @property
+    def cost(self) -> float:
+        return sum(c.cost for c in self.tool_calls)
+
+    @property
+    def latency(self) -> float:
+        """Wall-clock seconds charged to tools; calls of one turn overlap, so a turn costs its
+        slowest call."""
+        return sum(max((c.latency for c in t.tool_calls), default=0.0) for t in self.turns)
+
+    @property
+    def format_errors(self) -> int:
+        return sum(t.format_error is not None for t in self.turns)

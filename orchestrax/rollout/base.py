@@ -1,0 +1,56 @@
+"""The sampler interface: token ids in, token ids + logprobs + finish reason out.
+
+Field names follow SGLang's native `/generate` API so the embedded sampler, the SGLang HTTP
+client and `orchestrax serve` are interchangeable. Logprobs are log_softmax(logits / T) over the
+full vocabulary, SGLang's convention; greedy (T == 0) reports log_softmax(logits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Protocol, Sequence
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    temperature: float = 1.0          # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1                   # -1 means the whole vocabulary
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    sampling_seed: int | None = None  # per-request seed; None draws from the sampler's stream
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature}; must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p={self.top_p}; must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k={self.top_k}; must be -1 or >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens}; must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateRequest:
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    rid: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateResult:
+    """`output_ids` keeps the stop token when generation stopped on one (SGLang does the same)."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    weight_version: str = "0"
+    rid: str | None = None
+
+
+class Sampler(Protocol):
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]: ...
