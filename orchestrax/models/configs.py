@@ -1,0 +1,102 @@
+"""Model configs: one frozen dataclass for the Qwen3 / Llama decoder family, plus size presets.
+
+Preset numbers are the published `config.json` values of the Qwen3 dense checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+ARCHITECTURES = ("qwen3", "llama")
+DTYPES = ("float32", "bfloat16")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    arch: str = "qwen3"                 # "llama" is the same block without q_norm/k_norm
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_embeddings: bool = False
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40_960
+    dtype: str = "float32"              # compute dtype; params stay float32 (see param_dtype)
+    param_dtype: str = "float32"
+    remat: str = "none"                 # jax.checkpoint policy around each scanned layer
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"ModelConfig.arch={self.arch!r}; allowed: {ARCHITECTURES}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {DTYPES}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {REMAT_POLICIES}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)}; must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch == "qwen3"
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _qwen3(**kw) -> ModelConfig:
+    return ModelConfig(arch="qwen3", vocab_size=151_936, head_dim=128, rope_theta=1_000_000.0,
+                       rms_norm_eps=1e-6, max_position_embeddings=40_960,
+                       bos_token_id=151_643, eos_token_id=151_645, **kw)
+
+
+_PRESETS = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                       num_kv_heads=8, tie_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16,
+                       num_kv_heads=8, tie_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
+                     num_kv_heads=8, tie_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
+                     num_kv_heads=8, tie_embeddings=False),
+    "qwen3-14b": dict(hidden_size=5120, intermediate_size=17408, num_layers=40, num_heads=40,
+                      num_kv_heads=8, tie_embeddings=False),
+    "qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_layers=64, num_heads=64,
+                      num_kv_heads=8, tie_embeddings=False),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """A published Qwen3 size by name, e.g. `preset("qwen3-8b", dtype="bfloat16", remat="full")`."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; allowed: {sorted(_PRESETS)}")
+    return _qwen3(**{**_PRESETS[name], **overrides})
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A 2-layer Qwen3 for tests and the CPU demo (head_dim != hidden/heads on purpose)."""
+    base = dict(arch="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                num_heads=4, num_kv_heads=2, head_dim=32, tie_embeddings=True,
+                rope_theta=10_000.0, max_position_embeddings=2048)
+    return ModelConfig(**{**base, **overrides})
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """Closed-form parameter count (the tests check it against init_params under eval_shape)."""
+    d, f, h = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    attn = d * h * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (2 * h if cfg.qk_norm else 0)
+    layer = attn + 3 * d * f + 2 * d
+    embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    return cfg.num_layers * layer + embed + d

@@ -1,0 +1,226 @@
+"""The Qwen3 / Llama decoder as pure functions over a params pytree.
+
+Letters: B batch, T query length, S key/cache length, D hidden, N query heads, K kv heads,
+G = N / K query heads per kv head, H head dim, F MLP width, V vocab, L layers.
+
+Layers are stacked on a leading L axis and run under `lax.scan`, so a 36-layer model compiles
+one block. Parameters are stored in `cfg.param_dtype`; matmuls run in `cfg.dtype`; RMSNorm,
+softmax and logits are computed in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from orchestrax.models.configs import ModelConfig
+from orchestrax.parallel import constrain
+
+Params = dict[str, Any]
+Cache = dict[str, jax.Array]
+
+
+# --- parameters -------------------------------------------------------------------------------
+def init_params(cfg: ModelConfig, seed: int = 0) -> Params:
+    """Random init (normal, std 0.02; norms at 1). Works under `jax.eval_shape` for any size."""
+    d, f, h, n, k, nl = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_heads,
+                         cfg.num_kv_heads, cfg.num_layers)
+    dt = jnp.dtype(cfg.param_dtype)
+    keys = iter(jax.random.split(jax.random.key(seed), 16))
+
+    def normal(*shape):
+        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)
+
+    layers = {
+        "attn_norm": jnp.ones((nl, d), dt),
+        "q": normal(nl, d, n, h), "k": normal(nl, d, k, h), "v": normal(nl, d, k, h),
+        "o": normal(nl, n, h, d),
+        "mlp_norm": jnp.ones((nl, d), dt),
+        "gate": normal(nl, d, f), "up": normal(nl, d, f), "down": normal(nl, f, d),
+    }
+    if cfg.qk_norm:
+        layers |= {"q_norm": jnp.ones((nl, h), dt), "k_norm": jnp.ones((nl, h), dt)}
+    params = {"embed": normal(cfg.vocab_size, d), "layers": layers, "final_norm": jnp.ones((d,), dt)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal(d, cfg.vocab_size)
+    return params
+
+
+# --- building blocks --------------------------------------------------------------------------
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, half-split layout (rotate_half), as Qwen3/Llama checkpoints expect."""
+    h = x_BTNH.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+    cos, sin = jnp.cos(angles_BTh)[:, :, None, :], jnp.sin(angles_BTh)[:, :, None, :]
+    x = x_BTNH.astype(jnp.float32)
+    x1, x2 = x[..., : h // 2], x[..., h // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNH.dtype)
+
+
+def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> jax.Array:
+    """Grouped-query attention; masked scores get a large negative, so all-masked (padding) rows
+    stay finite instead of NaN."""
+    b, t, n, h = q_BTNH.shape
+    kh = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                        preferred_element_type=jnp.float32) * (h ** -0.5)
+    scores = jnp.where(mask_BTS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_BSKH)
+    return out.reshape(b, t, n, h)
+
+
+def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, mask_BTS, kv=None, index=None):
+    """One decoder block. With `kv` (this layer's cache k, v), new keys/values are written at
+    `index` and attention runs over the whole cache; returns (x, (k, v))."""
+    dt = jnp.dtype(cfg.dtype)
+    w = jax.tree.map(lambda p: p.astype(dt), lp)
+    h_BTD = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
+    k = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["k"])
+    v = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["v"])
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "seq", "act_heads", None))
+    k = rope(k, positions_BT, cfg.rope_theta)
+    if kv is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
+    attn_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS)
+    x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"])
+    x_BTD = constrain(x_BTD, ("batch", "seq", "act_embed"))
+    h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
+    gate = jnp.einsum("BTD,DF->BTF", h_BTD, w["gate"])
+    up = jnp.einsum("BTD,DF->BTF", h_BTD, w["up"])
+    act_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+    x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"])
+    return constrain(x_BTD, ("batch", "seq", "act_embed")), (k, v)
+
+
+_REMAT = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, mask_BTS, cache=None):
+    """Scan the stacked layers; threads the cache through the scan when given."""
+    def body(x, xs):
+        lp, kv = xs
+        x, new_kv = _block(cfg, x, lp, positions_BT, mask_BTS, kv,
+                           None if cache is None else cache["index"])
+        return x, (new_kv if cache is not None else None)
+
+    if cfg.remat != "none":
+        body = jax.checkpoint(body, policy=_REMAT[cfg.remat], prevent_cse=False)
+    kv = None if cache is None else (cache["k"], cache["v"])
+    return jax.lax.scan(body, x_BTD, (params["layers"], kv))
+
+
+def _embed(cfg: ModelConfig, params: Params, input_ids_BT) -> jax.Array:
+    x = jnp.take(params["embed"], input_ids_BT, axis=0).astype(jnp.dtype(cfg.dtype))
+    return constrain(x, ("batch", "seq", "act_embed"))
+
+
+def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
+    """0, 1, 2, ... over real tokens; left padding gets position 0 (it is masked anyway)."""
+    m = attention_mask_BT.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
+
+
+# --- public forward passes --------------------------------------------------------------------
+def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
+                  attention_mask_BT: jax.Array | None = None) -> jax.Array:
+    """Final-normed hidden states [B, T, D] in the compute dtype."""
+    b, t = input_ids_BT.shape
+    if attention_mask_BT is None:
+        attention_mask_BT = jnp.ones((b, t), jnp.bool_)
+    valid_BT = attention_mask_BT.astype(jnp.bool_)
+    causal_TS = jnp.tril(jnp.ones((t, t), jnp.bool_))
+    mask_BTS = causal_TS[None] & valid_BT[:, None, :]
+    x, _ = _layers(cfg, params, _embed(cfg, params, input_ids_BT),
+                   positions_from_mask(valid_BT), mask_BTS)
+    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+
+
+def lm_logits(cfg: ModelConfig, params: Params, h_BTD: jax.Array) -> jax.Array:
+    """float32 logits [B, T, V] from hidden states."""
+    if cfg.tie_embeddings:
+        w_DV = params["embed"].astype(h_BTD.dtype).T
+    else:
+        w_DV = params["lm_head"].astype(h_BTD.dtype)
+    logits = jnp.einsum("BTD,DV->BTV", h_BTD, w_DV, preferred_element_type=jnp.float32)
+    return constrain(logits, ("batch", "seq", "act_vocab"))
+
+
+def forward(cfg: ModelConfig, params: Params, input_ids: jax.Array,
+            attention_mask: jax.Array | None = None) -> jax.Array:
+    """int32 [B, T] -> float32 logits [B, T, V]. Left padding: pass the 0/1 attention mask."""
+    return lm_logits(cfg, params, hidden_states(cfg, params, input_ids, attention_mask))
+
+
+def token_logprobs(cfg: ModelConfig, params: Params, tokens_BT: jax.Array,
+                   attention_mask_BT: jax.Array | None = None, temperature: float = 1.0,
+                   return_entropy: bool = False):
+    """logp[:, t] = log p(tokens[t] | tokens[:t]) under log_softmax(logits / temperature);
+    logp[:, 0] = 0. With `return_entropy`, also the entropy of that distribution at t."""
+    logits = forward(cfg, params, tokens_BT, attention_mask_BT)[:, :-1] / temperature
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    target = jnp.take_along_axis(logits, tokens_BT[:, 1:, None], axis=-1)[..., 0]
+    pad = jnp.zeros_like(logz[:, :1])
+    logp = jnp.concatenate([pad, target - logz], axis=1)
+    if not return_entropy:
+        return logp
+    probs = jnp.exp(logits - logz[..., None])
+    entropy = logz - jnp.sum(probs * logits, axis=-1)
+    return logp, jnp.concatenate([pad, entropy], axis=1)
+
+
+# --- KV cache ---------------------------------------------------------------------------------
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:
+    """Empty cache of `max_len` slots. `mask[b, s]` marks slots holding a real token."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(dtype or cfg.dtype)
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt),
+            "mask": jnp.zeros((batch, max_len), jnp.bool_), "index": jnp.zeros((), jnp.int32)}
+
+
+def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
+                       attention_mask_BT: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+    """Append T tokens at slot `cache["index"]` (prefill: T = prompt length, left padded;
+    decode: T = 1) and return their logits and the updated cache."""
+    b, t = input_ids_BT.shape
+    s = cache["mask"].shape[1]
+    index = cache["index"]
+    new_valid_BT = attention_mask_BT.astype(jnp.bool_)
+    slot_S = jnp.arange(s)
+    # Positions continue from the number of real tokens already in the cache.
+    seen_B = jnp.sum(cache["mask"] & (slot_S < index)[None], axis=1)
+    positions_BT = seen_B[:, None] + jnp.maximum(jnp.cumsum(new_valid_BT, axis=1) - 1, 0)
+    kv_mask_BS = jax.lax.dynamic_update_slice_in_dim(cache["mask"], new_valid_BT, index, axis=1)
+    query_slot_T = index + jnp.arange(t)
+    mask_BTS = kv_mask_BS[:, None, :] & (slot_S[None, :] <= query_slot_T[:, None])[None]
+    x, (k, v) = _layers(cfg, params, _embed(cfg, params, input_ids_BT), positions_BT, mask_BTS,
+                        cache)
+    logits = lm_logits(cfg, params, rms_norm(x, params["final_norm"], cfg.rms_norm_eps))
+    return logits, {"k": k, "v": v, "mask": kv_mask_BS, "index": index + t}
+
+
+jit_forward = jax.jit(forward, static_argnums=0)
+jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4)
+__all__ = ["init_params", "forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
+           "forward_with_cache", "positions_from_mask", "jit_forward", "jit_forward_with_cache",
+           "rms_norm", "rope", "attention"]
