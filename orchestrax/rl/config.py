@@ -1,0 +1,117 @@
+"""Frozen, keyword-only configs for the GRPO update and its optimizer.
+
+Defaults follow the published ToolOrchestra run where it states them (clip 0.2 / 0.28, dual clip
+10, advantage clip ±3, homogeneity threshold 0.1, KL coefficient 1e-4 when a reference is used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k3", "mse")
+ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+REWARD_SCOPES = ("group", "batch")
+SCHEDULES = ("cosine", "constant")
+
+
+def check_choice(owner: str, field: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Raise ValueError naming the field and its allowed values when `value` is not one of them."""
+    if value not in allowed:
+        raise ValueError(f"{owner}.{field}={value!r}; allowed values: {', '.join(allowed)}")
+
+
+def _check(cond: bool, owner: str, field: str, value: object, rule: str) -> None:
+    if not cond:
+        raise ValueError(f"{owner}.{field}={value!r}; must be {rule}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOConfig:
+    """Loss, advantage and batching hyperparameters of one GRPO update (`train_step`)."""
+
+    # Policy loss.
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = 10.0          # c > 1; None disables
+    log_ratio_clamp: float = 20.0           # |log ratio| cap before exp, for float safety
+    agg: str = "token-mean"
+    norm_len: int | None = None             # seq-mean-token-sum-norm divisor; None: T
+    kl: str = "k3"
+    kl_coef: float = 0.0                    # 1e-4 is the usual value when a reference is used
+    tis_cap: float | None = None            # truncated importance weight cap vs sampler logprobs
+    temperature: float = 1.0                # logprobs are log_softmax(logits / temperature)
+    compute_entropy: bool = True            # entropy is a metric only; costs one extra reduction
+    # Advantages (used by `compute_advantages`).
+    adv_estimator: str = "grpo"
+    adv_eps: float = 1e-6
+    adv_ddof: int = 0
+    adv_clip: float | None = 3.0
+    # Filters and reward.
+    min_group_std: float = 0.1
+    reward_scope: str = "group"
+    # Batching: one call of train_step = ppo_epochs × num_minibatches optimizer updates, each
+    # accumulating gradients over num_microbatches micro-batches.
+    ppo_epochs: int = 1
+    num_minibatches: int = 1
+    num_microbatches: int = 1
+    # Objective: "grpo" uses policy_loss, "sft" the masked token cross-entropy.
+    objective: str = "grpo"
+
+    def __post_init__(self):
+        n = "GRPOConfig"
+        _check(0 <= self.clip_low < 1, n, "clip_low", self.clip_low, "in [0, 1)")
+        _check(self.clip_high >= 0, n, "clip_high", self.clip_high, ">= 0")
+        _check(self.dual_clip is None or self.dual_clip > 1, n, "dual_clip", self.dual_clip,
+               "None or > 1")
+        _check(self.log_ratio_clamp > 0, n, "log_ratio_clamp", self.log_ratio_clamp, "> 0")
+        check_choice(n, "agg", self.agg, AGG_MODES)
+        _check(self.norm_len is None or self.norm_len > 0, n, "norm_len", self.norm_len,
+               "None or > 0")
+        check_choice(n, "kl", self.kl, KL_ESTIMATORS)
+        _check(self.kl_coef >= 0, n, "kl_coef", self.kl_coef, ">= 0")
+        _check(self.tis_cap is None or self.tis_cap > 0, n, "tis_cap", self.tis_cap, "None or > 0")
+        _check(self.temperature > 0, n, "temperature", self.temperature, "> 0")
+        check_choice(n, "adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
+        _check(self.adv_eps >= 0, n, "adv_eps", self.adv_eps, ">= 0")
+        _check(self.adv_ddof in (0, 1), n, "adv_ddof", self.adv_ddof, "0 or 1")
+        _check(self.adv_clip is None or self.adv_clip > 0, n, "adv_clip", self.adv_clip,
+               "None or > 0")
+        _check(self.min_group_std >= 0, n, "min_group_std", self.min_group_std, ">= 0")
+        check_choice(n, "reward_scope", self.reward_scope, REWARD_SCOPES)
+        for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
+            v = getattr(self, f)
+            _check(isinstance(v, int) and v >= 1, n, f, v, "an int >= 1")
+        check_choice(n, "objective", self.objective, ("grpo", "sft"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW with linear warmup then cosine decay (to lr·min_lr_ratio) or constant, plus global-norm
+    gradient clipping. Steps count optimizer updates, not train_step calls."""
+
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    total_steps: int = 1000                 # cosine horizon, warmup included
+    min_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0       # None disables clipping
+
+    def __post_init__(self):
+        n = "OptimizerConfig"
+        _check(self.lr > 0, n, "lr", self.lr, "> 0")
+        _check(self.warmup_steps >= 0, n, "warmup_steps", self.warmup_steps, ">= 0")
+        check_choice(n, "schedule", self.schedule, SCHEDULES)
+        _check(self.total_steps > self.warmup_steps, n, "total_steps", self.total_steps,
+               f"> warmup_steps ({self.warmup_steps})")
+        _check(0 <= self.min_lr_ratio <= 1, n, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        _check(0 <= self.b1 < 1, n, "b1", self.b1, "in [0, 1)")
+        _check(0 <= self.b2 < 1, n, "b2", self.b2, "in [0, 1)")
+        _check(self.eps > 0, n, "eps", self.eps, "> 0")
+        _check(self.weight_decay >= 0, n, "weight_decay", self.weight_decay, ">= 0")
+        _check(self.max_grad_norm is None or self.max_grad_norm > 0, n, "max_grad_norm",
+               self.max_grad_norm, "None or > 0")

@@ -1,0 +1,120 @@
+"""The ToolOrchestra reward (paper Eq. 2) and a plain outcome reward.
+
+Letters: Q tasks, G rollouts per task, N tools, F = N + 3 features.
+Features M = [calls per tool…, outcome, −cost, −latency]. The minus signs are applied *before*
+min–max normalisation, so after normalising a cheaper (faster) trajectory has the larger
+feature and a positive p_compute (p_latency) rewards it. Min–max is scale invariant, so cost and
+latency units (dollars/cents, seconds/minutes) do not matter.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from orchestrax.rl.config import REWARD_SCOPES, check_choice
+
+
+def _concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def feature_matrix(tool_counts_QGN: jax.Array, outcome_QG: jax.Array, cost_QG: jax.Array,
+                   latency_QG: jax.Array) -> jax.Array:
+    """[Q,G,N+3] raw features [counts…, outcome, −cost, −latency] (signs so larger is better)."""
+    f32 = jnp.float32
+    return jnp.concatenate([
+        jnp.asarray(tool_counts_QGN, f32),
+        jnp.asarray(outcome_QG, f32)[..., None],
+        -jnp.asarray(cost_QG, f32)[..., None],
+        -jnp.asarray(latency_QG, f32)[..., None],
+    ], axis=-1)
+
+
+def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str) -> jax.Array:
+    """Min–max each feature to [0,1] over valid members of the scope; constant feature -> 0.
+
+    scope "group": over the G rollouts of each task; "batch": over all Q·G rollouts.
+    Invalid members neither set the range nor get a non-zero value.
+    """
+    check_choice("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
+    axes = (1,) if scope == "group" else (0, 1)
+    v = valid_QG[..., None]
+    lo = jnp.min(jnp.where(v, M_QGF, jnp.inf), axis=axes, keepdims=True)
+    hi = jnp.max(jnp.where(v, M_QGF, -jnp.inf), axis=axes, keepdims=True)
+    rng = hi - lo
+    ok = jnp.isfinite(rng) & (rng > 0)                 # empty scope gives inf - inf = nan
+    safe = jnp.where(ok, rng, 1.0)
+    norm = jnp.where(ok, (M_QGF - jnp.where(ok, lo, 0.0)) / safe, 0.0)
+    return jnp.where(v, norm, 0.0)
+
+
+def toolorchestra_reward(tool_counts: jax.Array, outcome: jax.Array, cost: jax.Array,
+                         latency: jax.Array, preference: jax.Array, scope: str = "group",
+                         valid: jax.Array | None = None) -> jax.Array:
+    """R[Q,G] = M_norm · P for correct rollouts, 0 otherwise.
+
+    tool_counts [Q,G,N] calls per tool; outcome [Q,G] in {0,1}; cost [Q,G] dollars (≥ 0);
+    latency [Q,G] seconds (≥ 0); preference [Q,N+3] in [0,1], ordered (tools…, outcome, compute,
+    latency). valid [Q,G] bool (default all): rollouts removed by the format/answer filters, which
+    take no part in the normalisation and get R = 0.
+    """
+    tool_counts = jnp.asarray(tool_counts)
+    outcome = jnp.asarray(outcome)
+    preference = jnp.asarray(preference, jnp.float32)
+    if tool_counts.ndim != 3:
+        raise ValueError(f"tool_counts must be [Q,G,N]; got shape {tool_counts.shape}")
+    Q, G, N = tool_counts.shape
+    for name, x in (("outcome", outcome), ("cost", cost), ("latency", latency)):
+        if jnp.shape(x) != (Q, G):
+            raise ValueError(f"{name} must be [Q,G]=({Q},{G}); got shape {jnp.shape(x)}")
+    if preference.shape != (Q, N + 3):
+        raise ValueError(f"preference must be [Q,N+3]=({Q},{N + 3}) ordered (tools…, outcome, "
+                         f"compute, latency); got shape {preference.shape}")
+    if _concrete(preference):
+        p = np.asarray(preference)
+        if not np.all((p >= 0) & (p <= 1)):
+            raise ValueError("preference values must lie in [0, 1]")
+    if _concrete(outcome):
+        o = np.asarray(outcome)
+        if not np.all((o == 0) | (o == 1)):
+            raise ValueError("outcome values must be 0 or 1")
+    check_choice("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
+    valid_QG = jnp.ones((Q, G), bool) if valid is None else jnp.asarray(valid, bool)
+    return _reward(tool_counts, outcome, cost, latency, preference, valid_QG, scope)
+
+
+@functools.partial(jax.jit, static_argnames="scope")
+def _reward(tool_counts, outcome, cost, latency, preference, valid_QG, scope):
+    M = feature_matrix(tool_counts, outcome, cost, latency)
+    R = jnp.einsum("qgf,qf->qg", minmax_normalize(M, valid_QG, scope), preference)
+    return jnp.where((outcome == 1) & valid_QG, R, 0.0)
+
+
+def outcome_reward(outcome: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """Plain 0/1 reward for non-tool tasks: R = outcome (0 where not valid)."""
+    R = jnp.asarray(outcome, jnp.float32)
+    return R if valid is None else jnp.where(jnp.asarray(valid, bool), R, 0.0)
+
+
+def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence[str]
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(counts [n,N] int32, cost [n] dollars, latency [n] seconds) from agent Trajectories.
+
+    Calls to names outside `tool_names` are not counted (the agent records them as format errors).
+    """
+    index = {name: i for i, name in enumerate(tool_names)}
+    if len(index) != len(tool_names):
+        raise ValueError(f"tool_names has duplicates: {list(tool_names)}")
+    counts = np.zeros((len(trajectories), len(tool_names)), np.int32)
+    for row, traj in enumerate(trajectories):
+        for call in traj.tool_calls:
+            if call.name in index:
+                counts[row, index[call.name]] += 1
+    cost = np.array([t.cost for t in trajectories], np.float32)
+    latency = np.array([t.latency for t in trajectories], np.float32)
+    return counts, cost, latency
