@@ -122,7 +122,6 @@ class ScriptedSampler:
         self._im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._cache: dict[str, tuple[int, ...]] = {}
         self.calls = 0
-        self.requests: list[GenerateRequest] = []
 
     def _ids(self, text: str) -> tuple[int, ...]:
         if text not in self._cache:

@@ -45,6 +45,7 @@ class Trajectory:
     turns: list[TurnRecord] = dataclasses.field(default_factory=list)
     final_answer: str | None = None
     end_reason: EndReason | None = None
+    error: str | None = None   # what went wrong when end_reason == "error"
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # readable log only
 
     @property
@@ -68,3 +69,17 @@ class Trajectory:
     @property
     def format_errors(self) -> int:
         return sum(t.format_error is not None for t in self.turns)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
+
+    def check(self) -> None:
+        """Raise ValueError when the token, mask and logprob columns disagree."""
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(f"Trajectory {self.task_id!r}: token_ids/loss_mask/logprobs lengths "
+                             f"{n}/{len(self.loss_mask)}/{len(self.logprobs)} differ")
+        if not 0 <= self.prompt_len <= n or any(self.loss_mask[:self.prompt_len]):
+            raise ValueError(f"Trajectory {self.task_id!r}: prompt_len={self.prompt_len} invalid "
+                             "or prompt tokens carry loss")

@@ -1,0 +1,272 @@
+"""The multi-turn episode, token-in/token-out.
+
+The prompt is rendered and tokenised once. After that the trajectory only grows by (a) exactly the
+ids the sampler returned (loss mask 1, its logprobs) and (b) the ids of each continuation block we
+render — tool responses, user replies, format-error notices — tokenised on their own (mask 0).
+Continuation blocks start with the "\n" that follows `<|im_end|>`, so the ids equal what a
+prefix-preserving render of the whole conversation tokenises to. Nothing is re-rendered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+from orchestrax.agent import chat
+from orchestrax.agent.executor import ToolExecutor
+from orchestrax.agent.parser import ToolCallParser
+from orchestrax.agent.trajectory import EndReason, ToolCallRecord, Trajectory, TurnRecord
+from orchestrax.envs.base import Task
+from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
+from orchestrax.tools.base import Tool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeConfig:
+    max_turns: int = 50
+    context_tokens: int = 32_768      # prompt + everything appended; the episode ends at this
+    max_new_tokens: int = 4_096       # per assistant turn (capped by the context left)
+    max_format_errors: int = 3        # consecutive turns with a format error end the episode
+    enable_thinking: bool = True
+    sampling: SamplingParams = SamplingParams()  # its max_new_tokens/stop ids are set per turn
+    sampler_attempts: int = 3         # a failed generate() is retried, then the episode ends
+    sampler_backoff_s: float = 0.5
+
+    def __post_init__(self):
+        for name in ("max_turns", "context_tokens", "max_new_tokens", "max_format_errors",
+                     "sampler_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EpisodeConfig.{name}={getattr(self, name)}; must be >= 1")
+        if self.sampler_backoff_s < 0:
+            raise ValueError(f"EpisodeConfig.sampler_backoff_s={self.sampler_backoff_s}; must be >= 0")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ValueError("EpisodeConfig.sampling must be a SamplingParams")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UserReply:
+    text: str
+    stop: bool = False                # True: the user ends the conversation (tau2's ###STOP###)
+
+
+# Called with the readable messages so far (last one: the assistant's non-tool message).
+UserResponder = Callable[[Sequence[dict[str, Any]]], Awaitable[UserReply]]
+
+
+class Codec:
+    """Fast encode/decode through the Rust tokenizer behind a transformers fast tokenizer (or a
+    bare `tokenizers.Tokenizer`). Special tokens in text are recognised; decode keeps them."""
+
+    def __init__(self, tokenizer):
+        self._tok = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
+        if missing:
+            raise ValueError(f"tokenizer lacks Qwen3 special tokens {missing}; the chat format "
+                             "needs <|im_start|> and <|im_end|>")
+        self.im_end = vocab["<|im_end|>"]
+        self.stop_ids = tuple(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+def prompt_messages(task: Task) -> list[dict[str, Any]]:
+    """Task messages with the preference instruction appended to the system turn (created if the
+    task has none)."""
+    messages = [dict(m) for m in task.messages]
+    if task.preference_instruction:
+        if messages and messages[0].get("role") == "system":
+            base = messages[0].get("content") or ""
+            messages[0]["content"] = (base + "\n\n" if base else "") + task.preference_instruction
+        else:
+            messages.insert(0, {"role": "system", "content": task.preference_instruction})
+    return messages
+
+
+class _Episode:
+    """Mutable state of one episode; `run` is the loop."""
+
+    def __init__(self, sampler: Sampler, codec: Codec, task: Task, tools: Sequence[Tool],
+                 config: EpisodeConfig, executor: ToolExecutor, user: UserResponder | None):
+        self.sampler, self.codec, self.task, self.config = sampler, codec, task, config
+        self.executor, self.user = executor, user
+        self.tools = {t.spec.name: t for t in tools}
+        self.parser = ToolCallParser([t.spec for t in tools])
+        messages = prompt_messages(task)
+        prompt = chat.render_messages(messages, tools=[t.spec for t in tools],
+                                      add_generation_prompt=True,
+                                      enable_thinking=config.enable_thinking)
+        ids = codec.encode(prompt)
+        self.traj = Trajectory(task_id=task.task_id, prompt_len=len(ids), token_ids=ids,
+                               loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
+                               messages=messages)
+        self.format_streak = 0
+
+    def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None):
+        self.traj.token_ids.extend(ids)
+        self.traj.loss_mask.extend([mask] * len(ids))
+        self.traj.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    def _end(self, reason: EndReason, error: str | None = None) -> Trajectory:
+        self.traj.end_reason, self.traj.error = reason, error
+        return self.traj
+
+    async def _generate(self, turn: int, room: int) -> GenerateResult | str:
+        cfg = self.config
+        seed = cfg.sampling.sampling_seed
+        sampling = dataclasses.replace(
+            cfg.sampling, max_new_tokens=min(cfg.max_new_tokens, room),
+            stop_token_ids=tuple(dict.fromkeys(cfg.sampling.stop_token_ids + self.codec.stop_ids)),
+            sampling_seed=None if seed is None else seed + turn)
+        request = GenerateRequest(input_ids=tuple(self.traj.token_ids), sampling=sampling,
+                                  rid=f"{self.task.task_id}/{turn}")
+        problem = ""
+        for attempt in range(cfg.sampler_attempts):
+            if attempt:
+                await asyncio.sleep(cfg.sampler_backoff_s * 2 ** (attempt - 1))
+            try:
+                (result,) = await self.sampler.generate([request])
+                return result
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a dead server costs a retry, then this episode only
+                problem = f"sampler failed: {type(e).__name__}: {e}"
+        return problem + f" ({cfg.sampler_attempts} attempts)"
+
+    def _continue(self, delta: str) -> bool:
+        """Append a continuation block (mask 0) if the context has room for it plus one
+        generated token; False means the budget is spent."""
+        ids = self.codec.encode(delta)
+        if len(self.traj.token_ids) + len(ids) >= self.config.context_tokens:
+            return False
+        self._append(ids, 0)
+        return True
+
+    async def run(self) -> Trajectory:
+        cfg, traj, codec = self.config, self.traj, self.codec
+        for turn in range(cfg.max_turns):
+            room = cfg.context_tokens - len(traj.token_ids)
+            if room < 1:
+                return self._end("context")
+            result = await self._generate(turn, room)
+            if isinstance(result, str):
+                return self._end("error", result)
+            out = list(result.output_ids)
+            self._append(out, 1, result.logprobs)
+            stopped = result.finish_reason == "stop" and bool(out) and out[-1] in codec.stop_ids
+            text = codec.decode(out[:-1] if stopped else out)
+            record = TurnRecord(text=text, tokens_in=len(traj.token_ids) - len(out),
+                                tokens_out=len(out))
+            traj.turns.append(record)
+            traj.messages.append({"role": "assistant", "content": text})
+            if result.finish_reason == "abort":
+                return self._end("error", "generation aborted by the sampler")
+            if not stopped:
+                if len(traj.token_ids) >= cfg.context_tokens:
+                    return self._end("context")
+                # Cut off at max_new_tokens: close the turn ourselves (mask 0) and say so.
+                self._append([codec.im_end], 0)
+                record.format_error = (f"Error: the response was cut off after {len(out)} tokens "
+                                       "without finishing; keep turns shorter.")
+                if not await self._after_format_error([record.format_error]):
+                    return traj
+                continue
+            parsed = self.parser.parse(text)
+            if not parsed.calls:
+                self.format_streak = 0
+                if self.user is None:
+                    traj.final_answer = parsed.answer
+                    return self._end("answer")
+                reply = await self.user(traj.messages)
+                if reply.stop:
+                    traj.final_answer = parsed.answer
+                    return self._end("user_stop")
+                traj.messages.append({"role": "user", "content": reply.text})
+                if not self._continue(chat.user_delta(reply.text,
+                                                      enable_thinking=cfg.enable_thinking)):
+                    return self._end("context")
+                continue
+            record.tool_calls = await self._run_calls(parsed.calls)
+            record.format_error = parsed.format_error
+            observations = [c.observation for c in record.tool_calls]
+            if record.format_error is not None:
+                if not await self._after_format_error(observations):
+                    return traj
+                continue
+            self.format_streak = 0
+            if turn == cfg.max_turns - 1:
+                break
+            traj.messages.extend({"role": "tool", "content": o} for o in observations)
+            if not self._continue(chat.tool_response_delta(observations,
+                                                           enable_thinking=cfg.enable_thinking)):
+                return self._end("context")
+        return self._end("max_turns")
+
+    async def _after_format_error(self, observations: list[str]) -> bool:
+        """Count the streak; feed the errors back as tool responses. False: the episode ended."""
+        self.format_streak += 1
+        if self.format_streak >= self.config.max_format_errors:
+            self._end("format_errors")
+            return False
+        if len(self.traj.turns) >= self.config.max_turns:
+            self._end("max_turns")
+            return False
+        self.traj.messages.extend({"role": "tool", "content": o} for o in observations)
+        if not self._continue(chat.tool_response_delta(
+                observations, enable_thinking=self.config.enable_thinking)):
+            self._end("context")
+            return False
+        return True
+
+    async def _run_calls(self, calls) -> list[ToolCallRecord]:
+        valid = [c for c in calls if c.error is None]
+        done = iter(await self.executor.call_many(
+            [(self.tools[c.name], c.arguments) for c in valid]) if valid else [])
+        return [next(done) if c.error is None else
+                ToolCallRecord(name=c.name, arguments=c.arguments, observation=c.error, ok=False)
+                for c in calls]
+
+
+async def run_episode(sampler: Sampler, tokenizer, task: Task, tools: Sequence[Tool], *,
+                      config: EpisodeConfig = EpisodeConfig(),
+                      executor: ToolExecutor | None = None,
+                      user: UserResponder | None = None) -> Trajectory:
+    """Run one episode to its end and return the trajectory (never raises except on
+    cancellation or bad configuration). Share one `executor` across episodes so its limits are
+    global; `tokenizer` is a transformers fast tokenizer (or a `Codec`)."""
+    codec = tokenizer if isinstance(tokenizer, Codec) else Codec(tokenizer)
+    episode = _Episode(sampler, codec, task, tools, config, executor or ToolExecutor(), user)
+    return await episode.run()
+
+
+async def run_episodes(sampler: Sampler, tokenizer,
+                       jobs: Iterable[tuple[Task, Sequence[Tool]]], *,
+                       config: EpisodeConfig = EpisodeConfig(),
+                       executor: ToolExecutor | None = None,
+                       max_in_flight: int = 4096,
+                       user_for: Callable[[Task], UserResponder | None] | None = None,
+                       ) -> list[Trajectory]:
+    """Run many episodes with at most `max_in_flight` alive at once; results in job order.
+
+    Jobs are pulled lazily by a fixed pool of workers, so memory stays bounded by the number in
+    flight plus the finished trajectories."""
+    if max_in_flight < 1:
+        raise ValueError(f"run_episodes max_in_flight={max_in_flight}; must be >= 1")
+    codec = tokenizer if isinstance(tokenizer, Codec) else Codec(tokenizer)
+    executor = executor or ToolExecutor()
+    source = enumerate(jobs)
+    results: dict[int, Trajectory] = {}
+
+    async def worker():
+        for index, (task, tools) in source:  # the shared iterator hands each job out once
+            results[index] = await run_episode(
+                sampler, codec, task, tools, config=config, executor=executor,
+                user=user_for(task) if user_for is not None else None)
+
+    await asyncio.gather(*(worker() for _ in range(max_in_flight)))
+    return [results[i] for i in range(len(results))]
