@@ -1,0 +1,58 @@
+"""Per-row next-token sampling: temperature, top-k, top-p, greedy and per-row seeds.
+
+Letters: B batch rows, V vocabulary. Every row carries its own settings so one batch can mix
+greedy and sampled requests. The returned logprob is log_softmax(logits / T) of the chosen token
+over the full (unfiltered) vocabulary, SGLang's convention; greedy rows use T = 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30  # finite so a fully masked row cannot produce NaN
+
+
+def filter_top_k_top_p(scaled_BV: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array) -> jax.Array:
+    """Set logits outside each row's top-k and top-p nucleus to NEG_INF.
+
+    top_k <= 0 means no top-k; top-p is measured on the full (temperature-scaled) distribution,
+    as SGLang does, and always keeps the most likely token.
+    """
+    v = scaled_BV.shape[-1]
+    sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
+    k_B = jnp.where(top_k_B <= 0, v, jnp.minimum(top_k_B, v))
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+    keep_p_B = jnp.sum(mass_before_BV < top_p_B[:, None], axis=-1)
+    keep_B = jnp.clip(jnp.minimum(k_B, keep_p_B), 1, v)
+    thresh_B1 = jnp.take_along_axis(sorted_BV, (keep_B - 1)[:, None], axis=-1)
+    return jnp.where(scaled_BV >= thresh_B1, scaled_BV, NEG_INF)
+
+
+def row_keys(seeds_B: jax.Array, step: jax.Array) -> jax.Array:
+    """One key per row from (its seed, decode step): a request's draws do not depend on which
+    other requests share its batch."""
+    return jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), step))(seeds_B)
+
+
+def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.Array,
+                top_p_B: jax.Array, seeds_B: jax.Array, step: jax.Array
+                ) -> tuple[jax.Array, jax.Array]:
+    """float32 [B, V] logits -> (int32 token [B], float32 logprob [B]). temperature 0 = greedy."""
+    logits_BV = logits_BV.astype(jnp.float32)
+    greedy_B = temperature_B <= 0
+    t_B = jnp.where(greedy_B, 1.0, temperature_B)
+    scaled_BV = logits_BV / t_B[:, None]
+    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+    v = logits_BV.shape[-1]
+    # The sort behind top-k/top-p costs O(V log V) per row; skip it when no row asks for it.
+    needs_filter = jnp.any(((top_k_B > 0) & (top_k_B < v)) | (top_p_B < 1.0))
+    filtered_BV = jax.lax.cond(needs_filter, filter_top_k_top_p, lambda x, *_: x,
+                               scaled_BV, top_k_B, top_p_B)
+    gumbel_BV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(
+        row_keys(seeds_B, step))
+    sampled_B = jnp.argmax(filtered_BV + gumbel_BV, axis=-1)
+    token_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
+    logprob_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
+    return token_B, logprob_B
