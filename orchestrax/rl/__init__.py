@@ -1,0 +1,19 @@
+"""GRPO core: ToolOrchestra reward, group advantages, filters, policy/SFT losses, train step."""
+
+from orchestrax.rl.advantages import (compute_advantages, dr_grpo_advantages, group_advantages,
+                                      group_mean_std, rloo_advantages)
+from orchestrax.rl.config import GRPOConfig, OptimizerConfig
+from orchestrax.rl.filters import homogeneity_mask, sample_mask, validity_mask
+from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
+from orchestrax.rl.mfu import mfu, peak_flops, train_flops
+from orchestrax.rl.optim import lr_schedule, make_optimizer
+from orchestrax.rl.reward import (features_from_trajectories, outcome_reward,
+                                  toolorchestra_reward)
+
+__all__ = [
+    "GRPOConfig", "OptimizerConfig", "compute_advantages", "dr_grpo_advantages",
+    "features_from_trajectories", "group_advantages", "group_mean_std", "homogeneity_mask",
+    "kl_penalty", "lr_schedule", "make_optimizer", "mfu", "outcome_reward", "peak_flops",
+    "policy_loss", "rloo_advantages", "sample_mask", "sft_loss", "token_weights",
+    "toolorchestra_reward", "train_flops", "validity_mask",
+]

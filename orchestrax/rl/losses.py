@@ -1,0 +1,164 @@
+"""Clipped-surrogate policy loss, KL estimators, aggregation modes and the SFT loss.
+
+Letters: B sequences, T tokens. Every [B,T] array is aligned with the tokens: position t holds
+the quantity for token t (predicted from tokens < t). `mask` is 1 on policy tokens only.
+Losses are minimised; the surrogate is negated accordingly.
+
+Aggregation is written as Σ_bt loss_bt · w_bt with weights w from the *whole* (mini)batch mask,
+so splitting a batch into micro-batches and summing their losses reproduces the full-batch loss
+exactly (see `token_weights`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from orchestrax.rl.config import AGG_MODES, KL_ESTIMATORS, check_choice
+
+Metrics = dict[str, jax.Array]
+_sg = jax.lax.stop_gradient
+
+
+def token_weights(mask_BT: jax.Array, agg: str = "token-mean", norm_len: int | None = None
+                  ) -> jax.Array:
+    """[B,T] float32 weights w with loss = Σ loss_bt · w_bt.
+
+    token-mean: 1 / (#tokens in batch). seq-mean-token-mean: 1 / (#tokens in seq · #seqs).
+    seq-mean-token-sum-norm (Dr.GRPO): 1 / (norm_len · #seqs), norm_len defaulting to T.
+    #seqs counts sequences with at least one policy token (dropped samples do not dilute).
+    """
+    check_choice("policy_loss", "agg", agg, AGG_MODES)
+    m = jnp.asarray(mask_BT, jnp.float32)
+    n_b = jnp.sum(m, axis=-1, keepdims=True)
+    n_seq = jnp.maximum(jnp.sum(n_b > 0), 1).astype(jnp.float32)
+    if agg == "token-mean":
+        return m / jnp.maximum(jnp.sum(n_b), 1.0)
+    if agg == "seq-mean-token-mean":
+        return m / jnp.maximum(n_b, 1.0) / n_seq
+    return m / float(norm_len or m.shape[-1]) / n_seq
+
+
+def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, kl: str = "k3") -> jax.Array:
+    """Per-token estimate of KL(π‖π_ref) from samples of π: k1 = logπ − logπ_ref,
+    k3 = e^d − d − 1 with d = logπ_ref − logπ (unbiased, ≥ 0), mse = ½(logπ − logπ_ref)²."""
+    check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
+    diff = logprobs - ref_logprobs
+    if kl == "k1":
+        return diff
+    if kl == "mse":
+        return 0.5 * diff ** 2
+    d = jnp.clip(-diff, -20.0, 20.0)              # exp overflow guard
+    return jnp.exp(d) - d - 1.0
+
+
+def _check_shapes(logprobs, old_logprobs, advantages, mask, **optional) -> None:
+    B_T = jnp.shape(logprobs)
+    if len(B_T) != 2:
+        raise ValueError(f"logprobs must be [B,T]; got shape {B_T}")
+    for name, x in (("old_logprobs", old_logprobs), ("mask", mask), *optional.items()):
+        if x is not None and jnp.shape(x) != B_T:
+            raise ValueError(f"{name} must have the shape of logprobs {B_T}; got {jnp.shape(x)}")
+    if jnp.shape(advantages) != B_T[:1]:
+        raise ValueError(f"advantages must be [B]=({B_T[0]},); got {jnp.shape(advantages)}")
+
+
+def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
+                         mask: jax.Array, weights: jax.Array, metric_weights: jax.Array, *,
+                         clip_low: float = 0.2, clip_high: float = 0.28,
+                         dual_clip: float | None = 10.0, log_ratio_clamp: float = 20.0,
+                         ref_logprobs: jax.Array | None = None, kl_coef: float = 0.0,
+                         kl: str = "k3", sampler_logprobs: jax.Array | None = None,
+                         tis_cap: float | None = None, entropy: jax.Array | None = None
+                         ) -> tuple[jax.Array, Metrics]:
+    """`policy_loss` with explicit loss weights and token-mean metric weights (both [B,T]).
+
+    Metrics are Σ x·metric_weights (additive over micro-batches) except keys ending in "_max".
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    A = jnp.asarray(advantages, jnp.float32)[:, None]
+    log_ratio = jnp.clip(logprobs - old_logprobs, -log_ratio_clamp, log_ratio_clamp)
+    ratio = jnp.exp(log_ratio)
+    pg_unclipped = -A * ratio
+    pg_clipped = -A * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg = jnp.maximum(pg_unclipped, pg_clipped)
+    dual_active = jnp.zeros_like(pg, bool)
+    if dual_clip is not None:
+        # For A < 0 the clip above leaves the loss unbounded in the ratio; cap it at −c·A.
+        dual_active = (A < 0) & (pg > -A * dual_clip)
+        pg = jnp.where(A < 0, jnp.minimum(pg, -A * dual_clip), pg)
+    metrics: Metrics = {}
+    if sampler_logprobs is not None:
+        gap = jnp.abs(_sg(logprobs) - sampler_logprobs) * m
+        metrics["sampler_gap"] = jnp.sum(gap * metric_weights)
+        metrics["sampler_gap_max"] = jnp.max(gap)
+        if tis_cap is not None:
+            # Truncated importance weight π_old / π_sampler corrects the trainer–sampler mismatch.
+            tis = _sg(jnp.minimum(jnp.exp(jnp.clip(old_logprobs - sampler_logprobs, -20, 20)),
+                                  tis_cap))
+            pg = pg * tis
+            metrics["tis_weight"] = jnp.sum(tis * metric_weights)
+    per_token = pg
+    if ref_logprobs is not None:
+        kl_BT = kl_penalty(logprobs, ref_logprobs, kl)
+        per_token = per_token + kl_coef * kl_BT
+        metrics["kl"] = _sg(jnp.sum(kl_BT * metric_weights))
+    loss = jnp.sum(per_token * weights)
+    on = m > 0
+    frac = lambda b: jnp.sum(jnp.where(on & b, 1.0, 0.0) * metric_weights)  # noqa: E731
+    sl = _sg(log_ratio)
+    metrics.update({
+        "loss": _sg(loss),
+        "pg_loss": _sg(jnp.sum(pg * weights)),
+        "clip_frac_high": frac((A > 0) & (_sg(ratio) > 1.0 + clip_high)),
+        "clip_frac_low": frac((A < 0) & (_sg(ratio) < 1.0 - clip_low)),
+        "dual_clip_frac": frac(_sg(dual_active)),
+        "approx_kl": jnp.sum((jnp.exp(sl) - 1.0 - sl) * metric_weights),   # k3 of KL(old‖new)
+        "ratio_mean": jnp.sum(jnp.exp(sl) * metric_weights),
+        "log_ratio_absmax_max": jnp.max(jnp.abs(sl) * m),
+        "policy_tokens": jnp.sum(m),
+    })
+    if entropy is not None:
+        metrics["entropy"] = _sg(jnp.sum(entropy * metric_weights))
+    return loss, metrics
+
+
+def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
+                mask: jax.Array, clip_low: float = 0.2, clip_high: float = 0.28,
+                agg: str = "token-mean", ref_logprobs: jax.Array | None = None,
+                kl_coef: float = 0.0, kl: str = "k3", *, dual_clip: float | None = 10.0,
+                log_ratio_clamp: float = 20.0, norm_len: int | None = None,
+                sampler_logprobs: jax.Array | None = None, tis_cap: float | None = None,
+                entropy: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
+    """Clipped-surrogate GRPO/PPO loss (to minimise) and metrics.
+
+    logprobs, old_logprobs, mask, ref/sampler logprobs, entropy: [B,T]; advantages: [B].
+    Per token: r = exp(clamp(logp − old)), loss = max(−A·r, −A·clip(r, 1−clip_low, 1+clip_high)),
+    capped at −A·dual_clip when A < 0, times the truncated IS weight min(π_old/π_sampler, tis_cap)
+    when both are given, plus kl_coef·KL(π‖π_ref); aggregated by `agg`.
+    """
+    check_choice("policy_loss", "agg", agg, AGG_MODES)
+    check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
+    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs=ref_logprobs,
+                  sampler_logprobs=sampler_logprobs, entropy=entropy)
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    w = token_weights(mask, agg, norm_len)
+    mw = token_weights(mask, "token-mean")
+    return policy_loss_weighted(
+        logprobs, old_logprobs, advantages, mask, w, mw, clip_low=clip_low,
+        clip_high=clip_high, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp,
+        ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl=kl, sampler_logprobs=sampler_logprobs,
+        tis_cap=tis_cap, entropy=entropy)
+
+
+def sft_loss(logprobs: jax.Array, mask: jax.Array, agg: str = "token-mean",
+             norm_len: int | None = None, weights: jax.Array | None = None
+             ) -> tuple[jax.Array, Metrics]:
+    """Masked token cross-entropy −Σ logp·w on the GRPO batch format ([B,T] each)."""
+    if jnp.shape(mask) != jnp.shape(logprobs):
+        raise ValueError(f"mask must have the shape of logprobs {jnp.shape(logprobs)}; "
+                         f"got {jnp.shape(mask)}")
+    w = token_weights(mask, agg, norm_len) if weights is None else weights
+    loss = -jnp.sum(logprobs * w)
+    return loss, {"loss": _sg(loss), "policy_tokens": jnp.sum(jnp.asarray(mask, jnp.float32))}

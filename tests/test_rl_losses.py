@@ -1,0 +1,216 @@
+"""Policy loss / SFT loss against hand-worked numbers, a NumPy reference and finite differences."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from orchestrax import rl
+
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def np_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
+                   ref=None, kl_coef=0.0, kl="k3", dual_clip=10.0, sampler=None, tis_cap=None):
+    """Token-by-token float64 reading of the clipped surrogate; independent of the JAX code."""
+    f64 = lambda x: None if x is None else np.asarray(x, np.float64)  # noqa: E731
+    logp, old, adv, mask, ref, sampler = map(f64, (logp, old, adv, mask, ref, sampler))
+    B, T = logp.shape
+    per = np.zeros((B, T))
+    for b in range(B):
+        for t in range(T):
+            r = math.exp(logp[b, t] - old[b, t])
+            a = adv[b]
+            loss = max(-a * r, -a * min(max(r, 1 - clip_low), 1 + clip_high))
+            if dual_clip is not None and a < 0:
+                loss = min(loss, -a * dual_clip)
+            if sampler is not None and tis_cap is not None:
+                loss *= min(math.exp(old[b, t] - sampler[b, t]), tis_cap)
+            if ref is not None:
+                x = logp[b, t] - ref[b, t]
+                k = {"k1": x, "k3": math.exp(-x) + x - 1, "mse": 0.5 * x * x}[kl]
+                loss += kl_coef * k
+            per[b, t] = loss
+    if agg == "token-mean":
+        return (per * mask).sum() / max(mask.sum(), 1)
+    seqs = []
+    for b in range(B):
+        n = mask[b].sum()
+        if n == 0:
+            continue
+        s = (per[b] * mask[b]).sum()
+        seqs.append(s / n if agg == "seq-mean-token-mean" else s / T)
+    return sum(seqs) / max(len(seqs), 1)
+
+
+def hand_batch():
+    logp = np.log(np.array([[1.0, 1.5, 0.5, 1.0], [1.0, 1.1, 0.7, 1.0]], np.float32))
+    old = np.zeros((2, 4), np.float32)
+    mask = np.array([[0, 1, 1, 0], [0, 1, 1, 1]], np.float32)
+    adv = np.array([1.0, -1.0], np.float32)
+    return logp, old, adv, mask
+
+
+@pytest.mark.parametrize("agg,want", [("token-mean", 1.12 / 5),
+                                      ("seq-mean-token-mean", (-1.78 / 2 + 2.9 / 3) / 2),
+                                      ("seq-mean-token-sum-norm", (-1.78 / 4 + 2.9 / 4) / 2)])
+def test_hand_worked(agg, want):
+    # A=+1: r=1.5 clipped to 1.28 -> -1.28; r=.5 -> -.5.  A=-1: r=1.1 -> 1.1; r=.7 -> .8 (clip);
+    # r=1 -> 1.
+    logp, old, adv, mask = hand_batch()
+    loss, m = rl.policy_loss(logp, old, adv, mask, agg=agg)
+    assert float(loss) == pytest.approx(want, abs=1e-6)
+    assert float(m["clip_frac_high"]) == pytest.approx(1 / 5)
+    assert float(m["clip_frac_low"]) == pytest.approx(1 / 5)
+    assert float(m["ratio_mean"]) == pytest.approx((1.5 + .5 + 1.1 + .7 + 1) / 5, abs=1e-6)
+
+
+def test_dual_clip_and_ratio_clamp():
+    logp = np.array([[0.0, math.log(20.0)]], np.float32)
+    old = np.zeros((1, 2), np.float32)
+    mask = np.array([[0.0, 1.0]], np.float32)
+    adv = np.array([-1.0], np.float32)
+    loss, m = rl.policy_loss(logp, old, adv, mask)
+    assert float(loss) == pytest.approx(10.0)           # capped at c·|A|
+    assert float(m["dual_clip_frac"]) == 1.0
+    loss_nodual, _ = rl.policy_loss(logp, old, adv, mask, dual_clip=None)
+    assert float(loss_nodual) == pytest.approx(20.0, rel=1e-6)
+    # the dual-clipped token passes no gradient
+    g = jax.grad(lambda lp: rl.policy_loss(lp, old, adv, mask)[0])(jnp.asarray(logp))
+    assert float(jnp.abs(g).max()) == 0.0
+    # a huge log-ratio is clamped before exp, so the loss stays finite
+    big = np.array([[0.0, 500.0]], np.float32)
+    loss_big, _ = rl.policy_loss(big, old, adv, mask, dual_clip=None)
+    assert np.isfinite(float(loss_big))
+
+
+def test_kl_estimators_hand_worked():
+    logp, ref = np.log(np.float32(0.5)), np.log(np.float32(0.25))
+    l2 = math.log(2)
+    assert float(rl.kl_penalty(logp, ref, "k1")) == pytest.approx(l2, abs=1e-6)
+    assert float(rl.kl_penalty(logp, ref, "k3")) == pytest.approx(0.5 + l2 - 1, abs=1e-6)
+    assert float(rl.kl_penalty(logp, ref, "mse")) == pytest.approx(0.5 * l2 * l2, abs=1e-6)
+    assert float(rl.kl_penalty(ref, ref, "k3")) == 0.0
+
+
+def test_first_update_ratio_is_one_and_gradient_is_advantage():
+    logp, _, adv, mask = hand_batch()
+    loss, m = rl.policy_loss(logp, logp, adv, mask)
+    assert float(m["log_ratio_absmax_max"]) == 0.0
+    assert float(m["clip_frac_high"]) == float(m["clip_frac_low"]) == 0.0
+    # at ratio 1, d loss / d logp_bt = -A_b · w_bt
+    g = jax.grad(lambda lp: rl.policy_loss(lp, logp, adv, mask)[0])(jnp.asarray(logp))
+    np.testing.assert_allclose(np.asarray(g), -adv[:, None] * mask / mask.sum(), atol=1e-7)
+
+
+@st.composite
+def loss_inputs(draw):
+    B, T = draw(st.sampled_from([(1, 3), (3, 5), (4, 8)]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    old = rng.normal(-1.5, 0.5, (B, T)).astype(np.float32)
+    logp = (old + rng.normal(0, 0.3, (B, T))).astype(np.float32)
+    ref = (old + rng.normal(0, 0.3, (B, T))).astype(np.float32)
+    sampler = (old + rng.normal(0, 0.3, (B, T))).astype(np.float32)
+    adv = rng.normal(0, 1.5, B).astype(np.float32)
+    mask = (rng.random((B, T)) > 0.3).astype(np.float32)
+    return logp, old, ref, sampler, adv, mask
+
+
+@settings(max_examples=40, deadline=None)
+@given(loss_inputs(), st.sampled_from(AGGS), st.sampled_from(["k1", "k3", "mse"]),
+       st.sampled_from([0.0, 0.1]), st.sampled_from([None, 1.2]), st.sampled_from([None, 1.2]))
+def test_matches_numpy_reference(inputs, agg, kl, kl_coef, dual_clip, tis_cap):
+    logp, old, ref, sampler, adv, mask = inputs
+    loss, _ = rl.policy_loss(logp, old, adv, mask, agg=agg, ref_logprobs=ref, kl_coef=kl_coef,
+                             kl=kl, dual_clip=dual_clip, sampler_logprobs=sampler,
+                             tis_cap=tis_cap)
+    want = np_policy_loss(logp.astype(np.float64), old, adv, mask, agg=agg, ref=ref,
+                          kl_coef=kl_coef, kl=kl, dual_clip=dual_clip, sampler=sampler,
+                          tis_cap=tis_cap)
+    assert float(loss) == pytest.approx(want, abs=1e-6, rel=1e-6)
+
+
+def _near_kink(logp, old, adv, dual_clip, tol=2e-3):
+    r = np.exp(logp.astype(np.float64) - old)
+    kinks = [0.8, 1.28] + ([dual_clip] if dual_clip else [])
+    return any(np.any(np.abs(r - k) < tol) for k in kinks)
+
+
+@settings(max_examples=25, deadline=None)
+@given(loss_inputs(), st.sampled_from(AGGS), st.sampled_from(["k1", "k3", "mse"]),
+       st.sampled_from([None, 1.2]))
+def test_gradient_matches_finite_differences(inputs, agg, kl, dual_clip):
+    logp, old, ref, _, adv, mask = inputs
+    assume(not _near_kink(logp, old, adv, dual_clip))
+    f = lambda lp: rl.policy_loss(lp, old, adv, mask, agg=agg, ref_logprobs=ref,  # noqa: E731
+                                  kl_coef=0.1, kl=kl, dual_clip=dual_clip)[0]
+    g = np.asarray(jax.grad(f)(jnp.asarray(logp)))
+    h = 1e-5
+    x = logp.astype(np.float64)
+    fd = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        up, dn = x.copy(), x.copy()
+        up[idx] += h
+        dn[idx] -= h
+        kw = dict(agg=agg, ref=ref, kl_coef=0.1, kl=kl, dual_clip=dual_clip)
+        fd[idx] = (np_policy_loss(up, old, adv, mask, **kw)
+                   - np_policy_loss(dn, old, adv, mask, **kw)) / (2 * h)
+    np.testing.assert_allclose(g, fd, atol=2e-5, rtol=1e-4)
+    assert np.all(g[mask == 0] == 0.0)      # prompt/tool tokens get no gradient
+
+
+def test_token_weights_sum_and_split_exactly():
+    rng = np.random.default_rng(0)
+    mask = (rng.random((8, 6)) > 0.4).astype(np.float32)
+    mask[3] = 0.0                                       # a dropped sequence
+    for agg in AGGS:
+        w = np.asarray(rl.token_weights(mask, agg))
+        assert np.all(w[mask == 0] == 0)
+        if agg != "seq-mean-token-sum-norm":
+            assert w.sum() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_metrics_gap_entropy_and_tis():
+    logp, old, adv, mask = hand_batch()
+    sampler = old - 0.5
+    ent = np.full_like(logp, 2.0)
+    _, m = rl.policy_loss(logp, old, adv, mask, sampler_logprobs=sampler, tis_cap=1.5,
+                          entropy=ent)
+    gap = np.abs(logp - sampler)[mask > 0].mean()
+    assert float(m["sampler_gap"]) == pytest.approx(gap, abs=1e-6)
+    assert float(m["tis_weight"]) == pytest.approx(1.5)     # e^0.5 = 1.65 truncated to 1.5
+    assert float(m["entropy"]) == pytest.approx(2.0)
+
+
+def test_sft_loss_hand_worked():
+    logp = np.log(np.array([[1.0, 0.5, 0.25], [1.0, 0.5, 1.0]], np.float32))
+    mask = np.array([[0, 1, 1], [0, 1, 0]], np.float32)
+    loss, _ = rl.sft_loss(logp, mask)
+    assert float(loss) == pytest.approx((math.log(2) + math.log(4) + math.log(2)) / 3, abs=1e-6)
+    loss_s, _ = rl.sft_loss(logp, mask, agg="seq-mean-token-mean")
+    assert float(loss_s) == pytest.approx((1.5 * math.log(2) + math.log(2)) / 2, abs=1e-6)
+
+
+def test_bad_arguments_name_field_and_values():
+    logp, old, adv, mask = hand_batch()
+    with pytest.raises(ValueError, match="agg='mean'; allowed values: token-mean, "
+                                         "seq-mean-token-mean, seq-mean-token-sum-norm"):
+        rl.policy_loss(logp, old, adv, mask, agg="mean")
+    with pytest.raises(ValueError, match="kl='k2'; allowed values: k1, k3, mse"):
+        rl.policy_loss(logp, old, adv, mask, ref_logprobs=old, kl="k2")
+    with pytest.raises(ValueError, match="advantages must be"):
+        rl.policy_loss(logp, old, np.zeros((3,)), mask)
+    with pytest.raises(ValueError, match="kl_coef > 0 needs ref_logprobs"):
+        rl.policy_loss(logp, old, adv, mask, kl_coef=0.1)
+    with pytest.raises(ValueError, match="GRPOConfig.agg='sum'; allowed values"):
+        rl.GRPOConfig(agg="sum")
+    with pytest.raises(ValueError, match="GRPOConfig.kl='kl'; allowed values"):
+        rl.GRPOConfig(kl="kl")
+    with pytest.raises(ValueError, match="OptimizerConfig.schedule='linear'; allowed values"):
+        rl.OptimizerConfig(schedule="linear")
+    with pytest.raises(ValueError, match="GRPOConfig.clip_low=1.5; must be in"):
+        rl.GRPOConfig(clip_low=1.5)
