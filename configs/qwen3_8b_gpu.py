@@ -1,0 +1,43 @@
+"""Qwen3-8B orchestrator on one 8-GPU node: trainer FSDP over 4 GPUs, rollouts by SGLang servers
+on the other 4 (see launch/gpu_single_node.sh). Edit HF_PATH and, if needed, the server URLs."""
+
+import dataclasses
+
+from orchestrax.parallel import MeshConfig
+from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.train.config import RolloutConfig, TrainConfig
+
+HF_PATH = "/models/Qwen3-8B"                     # a HF Qwen3 checkpoint directory
+SGLANG_URLS = tuple(f"http://127.0.0.1:{30000 + i}" for i in range(4))
+
+
+def config() -> TrainConfig:
+    return TrainConfig(
+        name="qwen3-8b-toolorchestra",
+        hf_path=HF_PATH,
+        tokenizer=HF_PATH,
+        dtype="bfloat16",
+        mesh=MeshConfig(axes=(("data", 1), ("fsdp", -1), ("tensor", 1))),
+        # Published run: clip 0.2/0.28, advantages clipped to ±3, homogeneity filter 0.1.
+        grpo=GRPOConfig(clip_low=0.2, clip_high=0.28, dual_clip=10.0, adv_clip=3.0,
+                        min_group_std=0.1, agg="token-mean", ppo_epochs=1, num_minibatches=4,
+                        num_microbatches=8, tis_cap=2.0),
+        optim=OptimizerConfig(lr=1e-6, warmup_steps=10, schedule="constant", total_steps=10_000,
+                              weight_decay=0.01, max_grad_norm=1.0),
+        rollout=RolloutConfig(backend="sglang", server_urls=SGLANG_URLS, group_size=8,
+                              tasks_per_step=16, temperature=1.0, max_new_tokens=8192,
+                              max_turns=50, context_tokens=24_000, enable_thinking=True,
+                              max_in_flight=1024, weight_sync_dir="/tmp/orchestrax_weights"),
+        env="tau2",
+        env_kwargs=(("domain", "../shared/data/tau2/retail"),),
+        steps=500,
+        out_dir="runs/qwen3-8b",
+        checkpoint_every=10,
+    )
+
+
+def config_embedded() -> TrainConfig:
+    """Same run with the built-in JAX sampler instead of SGLang (one process, all 8 GPUs)."""
+    c = config()
+    return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
+                                                 sampler_max_batch=128))

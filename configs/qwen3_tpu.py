@@ -1,0 +1,18 @@
+"""Qwen3-8B on a TPU pod slice (e.g. v5p-32): FSDP over all chips with the embedded sampler
+(SGLang does not run on TPU). Launch with launch/tpu_pod.sh."""
+
+import dataclasses
+
+from configs.qwen3_8b_gpu import config as gpu_config
+from orchestrax.parallel import MeshConfig
+
+
+def config():
+    c = gpu_config()
+    return c.replace(
+        name="qwen3-8b-tpu",
+        hf_path="/mnt/models/Qwen3-8B", tokenizer="/mnt/models/Qwen3-8B",
+        mesh=MeshConfig(axes=(("data", 1), ("fsdp", -1), ("tensor", 1))),
+        rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
+                                    sampler_max_batch=256),
+        out_dir="gs://YOUR_BUCKET/orchestrax/qwen3-8b")
