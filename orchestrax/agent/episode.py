@@ -68,8 +68,19 @@ class Codec:
         self.im_end = vocab["<|im_end|>"]
         self.stop_ids = tuple(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
 
+        self._prompts: dict[str, list[int]] = {}
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """`encode` with a small cache: a GRPO group shares one prompt across its rollouts."""
+        ids = self._prompts.get(text)
+        if ids is None:
+            if len(self._prompts) >= 256:
+                self._prompts.pop(next(iter(self._prompts)))
+            ids = self._prompts[text] = self.encode(text)
+        return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
@@ -101,7 +112,7 @@ class _Episode:
         prompt = chat.render_messages(messages, tools=[t.spec for t in tools],
                                       add_generation_prompt=True,
                                       enable_thinking=config.enable_thinking)
-        ids = codec.encode(prompt)
+        ids = codec.encode_prompt(prompt)
         self.traj = Trajectory(task_id=task.task_id, prompt_len=len(ids), token_ids=ids,
                                loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
                                messages=messages)
