@@ -200,6 +200,13 @@ def test_user_responder_conversation():
     assert traj.token_ids == ids[:-1]
 
 
+def test_broken_user_responder_ends_only_that_episode():
+    async def user(messages):
+        raise RuntimeError("simulator crashed")
+    traj = run(ScriptedSampler(TOK, ["Hello?"]), make_tools(), user=user)
+    assert traj.end_reason == "error" and "RuntimeError: simulator crashed" in traj.error
+
+
 class FlakySampler(ScriptedSampler):
     def __init__(self, *a, failures, **kw):
         super().__init__(*a, **kw)

@@ -193,7 +193,12 @@ class _Episode:
                 if self.user is None:
                     traj.final_answer = parsed.answer
                     return self._end("answer")
-                reply = await self.user(traj.messages)
+                try:
+                    reply = await self.user(traj.messages)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # a broken user simulator ends this episode only
+                    return self._end("error", f"user responder failed: {type(e).__name__}: {e}")
                 if reply.stop:
                     traj.final_answer = parsed.answer
                     return self._end("user_stop")
