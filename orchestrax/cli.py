@@ -1,0 +1,40 @@
+"""The `orchestrax` console script: parse a sub-command and dispatch; nothing else lives here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="SGLang-compatible HTTP server backed by the embedded sampler")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF safetensors directory (Qwen3 / Llama)")
+    src.add_argument("--tiny", action="store_true",
+                     help="random tiny Qwen3 + tiny Qwen3-style tokenizer (tests, CPU demo)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=4096)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--seed", type=int, default=0, help="--tiny init seed and sampler seed")
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--served-model-name", default="orchestrax")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="orchestrax")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from orchestrax.rollout.serve_main import serve
+        return serve(args)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

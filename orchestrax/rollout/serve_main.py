@@ -1,0 +1,53 @@
+"""Build the pieces behind `orchestrax serve` from parsed CLI arguments and run the server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from orchestrax import models
+from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.server import ServerState, bound_port, start
+
+log = logging.getLogger("orchestrax.serve")
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    if args.tiny:
+        from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
+        tokenizer, template = tiny_qwen3_tokenizer(), qwen3_chat_template()
+        cfg = models.tiny_config(vocab_size=len(tokenizer), dtype=args.dtype)
+        params = models.init_params(cfg, seed=args.seed)
+        model_path, tok_path = "tiny", None
+    else:
+        from transformers import AutoTokenizer
+        cfg, params = models.load_hf(args.model, dtype=args.dtype)
+        tok_path = args.tokenizer or args.model
+        tokenizer = AutoTokenizer.from_pretrained(tok_path)
+        model_path, template = args.model, None
+    sampler = EmbeddedSampler(cfg, params, max_batch=args.max_batch, max_len=args.max_len,
+                              weight_version=args.weight_version, seed=args.seed)
+    return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
+                       tokenizer_path=tok_path, chat_template=template,
+                       served_model_name=args.served_model_name,
+                       load_weights=lambda path: models.load_hf(path, dtype=args.dtype))
+
+
+async def _run(args: argparse.Namespace) -> None:
+    runner = await start(build_state(args), host=args.host, port=args.port)
+    # The line tests and launch scripts wait for; flush so a pipe sees it at once.
+    print(f"orchestrax serve: listening on http://{args.host}:{bound_port(runner)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(_run(args))
+    return 0

@@ -1,0 +1,48 @@
+"""Weight sync to SGLang servers by disk: write an HF safetensors directory per version, then
+POST `/update_weights_from_disk` to every server (the one path that works from JAX).
+
+The directory must be readable by the servers (shared filesystem for remote ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import shutil
+from typing import Any
+
+from orchestrax import models
+from orchestrax.rollout.sglang_client import SGLangClient
+
+
+def write_version(cfg: models.ModelConfig, params: Any, root: str | pathlib.Path, version: str, *,
+                  tokenizer_dir: str | None = None, keep: int = 2) -> pathlib.Path:
+    """Write `root/v{version}` atomically (temp dir, then rename) and delete all but the newest
+    `keep` versions. Returns the directory."""
+    if keep < 1:
+        raise ValueError(f"write_version keep={keep}; must be >= 1")
+    if not version or "/" in version:
+        raise ValueError(f"write_version version={version!r}; must be a non-empty name without '/'")
+    root = pathlib.Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final, tmp = root / f"v{version}", root / f".tmp-v{version}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    models.save_hf(cfg, params, tmp, tokenizer_dir=tokenizer_dir)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    versions = sorted((p for p in root.glob("v*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    for old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+async def sync_weights(client: SGLangClient, cfg: models.ModelConfig, params: Any,
+                       root: str | pathlib.Path, version: str, *, tokenizer_dir: str | None = None,
+                       abort_all_requests: bool = False, keep: int = 2) -> pathlib.Path:
+    """Write the checkpoint (in a worker thread: it is blocking file I/O) and load it on every
+    server, verifying each server's weight_version."""
+    path = await asyncio.to_thread(write_version, cfg, params, root, str(version),
+                                   tokenizer_dir=tokenizer_dir, keep=keep)
+    await client.update_weights_from_disk(str(path.resolve()), str(version),
+                                          abort_all_requests=abort_all_requests)
+    return path

@@ -1,0 +1,216 @@
+"""`orchestrax serve` on loopback (in-process aiohttp, real HTTP) and the SGLang wire format."""
+
+import asyncio
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+
+from orchestrax import models
+from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
+from orchestrax.rollout import protocol
+from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.server import ServerState, bound_port, start
+from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
+from orchestrax.rollout.weight_sync import sync_weights
+
+TOK = tiny_qwen3_tokenizer()
+CFG = models.tiny_config(vocab_size=len(TOK), tie_embeddings=False)
+
+
+def params(seed):
+    p = models.init_params(CFG, seed=seed)
+    return {**p, "lm_head": p["lm_head"] * 20.0}
+
+
+async def serving(fn, **state_kw):
+    sampler = EmbeddedSampler(CFG, params(0), max_batch=8, max_len=96, min_bucket=32)
+    state = ServerState(sampler=sampler, model_path="tiny", tokenizer=TOK, **state_kw)
+    runner = await start(state, port=0)
+    url = f"http://127.0.0.1:{bound_port(runner)}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            return await fn(http, url, sampler)
+    finally:
+        await runner.cleanup()
+
+
+def run(fn, **kw):
+    return asyncio.run(serving(fn, **kw))
+
+
+PROMPT = [5, 17, 40, 99, 3]
+
+
+def test_generate_single_batch_n_and_fields():
+    async def fn(http, url, sampler):
+        async with http.post(f"{url}/generate", json={
+                "input_ids": PROMPT, "return_logprob": True, "rid": "abc",
+                "sampling_params": {"temperature": 0, "max_new_tokens": 6}}) as r:
+            assert r.status == 200
+            single = await r.json()
+        async with http.post(f"{url}/generate", json={
+                "input_ids": [PROMPT, PROMPT[:2]], "return_logprob": [True, False],
+                "sampling_params": {"temperature": 0.8, "max_new_tokens": 4, "n": 2,
+                                    "sampling_seed": 3}}) as r:
+            batch = await r.json()
+        async with http.post(f"{url}/generate", json={
+                "text": "the answer is", "sampling_params": {"max_new_tokens": 3}}) as r:
+            text = await r.json()
+        return single, batch, text
+    single, batch, text = run(fn)
+    meta = single["meta_info"]
+    assert meta["id"] == "abc" and meta["prompt_tokens"] == 5 and meta["completion_tokens"] == 6
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["weight_version"] == "0" and meta["cached_tokens"] == 0
+    assert [t[1] for t in meta["output_token_logprobs"]] == single["output_ids"]
+    assert single["text"] == TOK.decode(single["output_ids"], skip_special_tokens=True)
+    assert len(batch) == 4 and "output_token_logprobs" not in batch[2]["meta_info"]
+    assert batch[0]["output_ids"] != batch[1]["output_ids"]  # n copies get distinct seeds
+    assert text["meta_info"]["prompt_tokens"] == len(TOK.encode("the answer is"))
+
+
+def test_bad_requests_get_400_naming_the_key():
+    async def fn(http, url, sampler):
+        out = []
+        for body in ({"input_ids": PROMPT, "sampling_params": {"temprature": 0.5}},
+                     {"input_ids": PROMPT, "sampling_params": {"min_p": 0.3}},
+                     {"input_ids": PROMPT, "sampling_params": {"top_p": 0}},
+                     {"input_ids": PROMPT, "bogus": 1},
+                     {"input_ids": [1, 10**6]}):
+            async with http.post(f"{url}/generate", json=body) as r:
+                out.append((r.status, (await r.json())["error"]["message"]))
+        async with http.post(f"{url}/generate", data=b"{not json") as r:
+            out.append((r.status, (await r.json())["error"]["message"]))
+        return out
+    out = run(fn)
+    assert all(status == 400 for status, _ in out)
+    assert "'temprature'" in out[0][1] and "temperature" in out[0][1]
+    assert "min_p" in out[1][1] and "top_p" in out[2][1] and "'bogus'" in out[3][1]
+    assert "vocabulary" in out[4][1] and "JSON" in out[5][1]
+
+
+def test_stream_info_health_flush_abort_and_models():
+    async def fn(http, url, sampler):
+        async with http.post(f"{url}/generate", json={
+                "input_ids": PROMPT, "stream": True,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 3}}) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            events = [line for line in (await r.text()).split("\n\n") if line]
+        info = await (await http.get(f"{url}/model_info")).json()
+        sinfo = await (await http.get(f"{url}/server_info")).json()
+        codes = [(await http.get(f"{url}/health")).status,
+                 (await http.post(f"{url}/flush_cache")).status,
+                 (await http.post(f"{url}/abort_request", json={"abort_all": True})).status,
+                 (await http.post(f"{url}/abort_request", json={})).status]
+        mods = await (await http.get(f"{url}/v1/models")).json()
+        return events, info, sinfo, codes, mods
+    events, info, sinfo, codes, mods = run(fn)
+    assert events[-1] == "data: [DONE]"
+    assert len(json.loads(events[0][len("data: "):])["output_ids"]) == 3
+    assert info["weight_version"] == "0" and info["is_generation"] is True
+    assert sinfo["max_running_requests"] == 8 and sinfo["context_length"] == 96
+    assert codes == [200, 200, 200, 400]
+    assert mods["data"][0]["id"] == "orchestrax"
+
+
+def test_abort_request_returns_abort_finish_reason():
+    async def fn(http, url, sampler):
+        async def gen(rid):
+            async with http.post(f"{url}/generate", json={
+                    "input_ids": PROMPT, "rid": rid,
+                    "sampling_params": {"temperature": 0, "max_new_tokens": 8}}) as r:
+                return await r.json()
+        tasks = [asyncio.create_task(gen(f"r{i}")) for i in range(12)]  # 8 run, 4 queue
+        while sampler.outstanding < 12:
+            await asyncio.sleep(0.005)
+        async with http.post(f"{url}/abort_request", json={"rid": "r11"}) as r:
+            assert r.status == 200
+        return await asyncio.gather(*tasks)
+    out = run(fn)
+    reasons = {o["meta_info"]["id"]: o["meta_info"]["finish_reason"]["type"] for o in out}
+    assert reasons["r11"] == "abort" and list(reasons.values()).count("abort") == 1
+
+
+def test_chat_completions_uses_the_template_and_reports_usage():
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is the area of a triangle?"}]
+
+    async def fn(http, url, sampler):
+        async with http.post(f"{url}/v1/chat/completions", json={
+                "model": "orchestrax", "messages": messages, "max_tokens": 7,
+                "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}) as r:
+            ok = await r.json()
+        async with http.post(f"{url}/v1/chat/completions", json={
+                "messages": messages, "frequency_penalty": 1}) as r:
+            bad = (r.status, await r.json())
+        return ok, bad
+    ok, bad = run(fn, chat_template=qwen3_chat_template())
+    prompt = TOK.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                     enable_thinking=False, chat_template=qwen3_chat_template())
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    usage = ok["usage"]
+    assert usage["prompt_tokens"] == len(prompt)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 1 <= usage["completion_tokens"] <= 7
+    assert ok["choices"][0]["message"]["role"] == "assistant"
+    assert bad[0] == 400 and "frequency_penalty" in bad[1]["error"]["message"]
+
+
+def test_weight_sync_through_client_changes_version_and_tokens(tmp_path):
+    async def fn(http, url, sampler):
+        req = GenerateRequest(input_ids=tuple(PROMPT),
+                              sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
+        async with SGLangClient(SGLangClientConfig(urls=(url,))) as client:
+            before = (await client.generate([req]))[0]
+            path = await sync_weights(client, CFG, params(1), tmp_path, "step-1")
+            after = (await client.generate([req]))[0]
+            info = await (await http.get(f"{url}/model_info")).json()
+        async with http.post(f"{url}/update_weights_from_disk",
+                             json={"model_path": str(tmp_path / "missing")}) as r:
+            failed = (r.status, await r.json())
+        return before, after, info, path, failed
+    before, after, info, path, failed = run(fn)
+    assert (before.weight_version, after.weight_version) == ("0", "step-1")
+    assert before.output_ids != after.output_ids
+    assert info["weight_version"] == "step-1" and info["model_path"] == str(path.resolve())
+    assert failed[0] == 400 and failed[1]["success"] is False
+
+
+def test_client_logprobs_match_embedded_sampler():
+    """The HTTP path returns exactly what the embedded sampler produced."""
+    req = GenerateRequest(input_ids=tuple(PROMPT),
+                          sampling=SamplingParams(temperature=0.9, max_new_tokens=6,
+                                                  sampling_seed=11))
+
+    async def fn(http, url, sampler):
+        async with SGLangClient(SGLangClientConfig(urls=(url,))) as client:
+            via_http = (await client.generate([req]))[0]
+        direct = (await sampler.generate([req]))[0]
+        return via_http, direct
+    via_http, direct = run(fn)
+    assert via_http.output_ids == direct.output_ids
+    np.testing.assert_allclose(via_http.logprobs, direct.logprobs, rtol=0, atol=1e-7)
+
+
+def test_protocol_round_trip_and_errors():
+    sp = SamplingParams(temperature=0.5, top_p=0.9, top_k=20, max_new_tokens=7,
+                        stop_token_ids=(3, 9), sampling_seed=4)
+    assert protocol.parse_sampling_params(protocol.sampling_to_json(sp)) == (sp, 1)
+    assert protocol.parse_sampling_params({"temperature": 1e-9})[0].temperature == 0.0
+    assert protocol.parse_sampling_params({})[0].max_new_tokens == 128  # SGLang's default
+    assert protocol.parse_sampling_params({"min_p": 0.0, "stop": []})[1] == 1
+    for bad, field in (({"top_k": 0}, "top_k"), ({"n": 0}, "n"), ({"stop_token_ids": ["x"]},
+                       "stop_token_ids"), ({"max_new_tokens": 0}, "max_new_tokens")):
+        with pytest.raises(protocol.ProtocolError, match=field):
+            protocol.parse_sampling_params(bad)
+    with pytest.raises(protocol.ProtocolError, match="exactly one"):
+        protocol.parse_generate({"sampling_params": {}})
+    with pytest.raises(protocol.ProtocolError, match="tokenizer"):
+        protocol.parse_generate({"text": "hi"})
+    call = protocol.parse_generate({"input_ids": [[1, 2], [3]], "rid": "x",
+                                    "sampling_params": {"n": 2}})
+    assert [r.rid for r in call.requests] == ["x-0-0", "x-0-1", "x-1-0", "x-1-1"]
+    assert call.batched and [r.input_ids for r in call.requests] == [(1, 2)] * 2 + [(3,)] * 2
