@@ -137,3 +137,23 @@ def test_render_matches_template_on_random_conversations(messages, tools, thinki
     ref = hf_render(messages, tools=tools, training=training, add_generation_prompt=True,
                     enable_thinking=thinking)
     assert ours == ref
+
+
+def test_tiny_tokenizer_is_deterministic_saves_and_reloads(tmp_path):
+    from transformers import AutoTokenizer
+
+    from orchestrax.agent.testing import QWEN3_ADDED_TOKENS, _build_tokenizer
+    tok = tiny_qwen3_tokenizer()
+    again = _build_tokenizer.__wrapped__(512)
+    assert tok.get_vocab() == again.get_vocab() and len(tok) == 512
+    text = chat.render_messages(CONVERSATIONS["tool_episode"], tools=[SEARCH])
+    ids = tok.encode(text, add_special_tokens=False)
+    for piece, _ in QWEN3_ADDED_TOKENS[1:]:
+        assert tok.convert_tokens_to_ids(piece) in ids or piece not in text
+    assert tok.decode(ids) == text
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded.encode(text, add_special_tokens=False) == ids
+    assert loaded.eos_token == "<|im_end|>" and loaded.pad_token == "<|endoftext|>"
+    with pytest.raises(ValueError, match="vocab_size=100"):
+        tiny_qwen3_tokenizer(vocab_size=100)
