@@ -1,0 +1,94 @@
+"""Pricing sheets: data files (orchestrax/tools/pricing/*.json) that price every model per provider
+($/M input tokens, $/M output tokens, $/call) and every basic tool, for one training or evaluation
+configuration.
+
+File shape: {"name", "split": "train"|"eval", "note",
+             "models": {model: {"provider", "usd_per_m_input", "usd_per_m_output", "usd_per_call"?}},
+             "tools": {tool_name: <pricing JSON, see specs.py>}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Literal
+
+from orchestrax.tools.base import Pricing
+from orchestrax.tools.specs import pricing_from_json
+
+SHEET_DIR = pathlib.Path(__file__).resolve().parent / "pricing"
+Split = Literal["train", "eval"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelPrice:
+    provider: str
+    usd_per_m_input: float
+    usd_per_m_output: float
+    usd_per_call: float = 0.0
+
+    def __post_init__(self):
+        for field in ("usd_per_m_input", "usd_per_m_output", "usd_per_call"):
+            v = getattr(self, field)
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"ModelPrice.{field}={v!r}; must be a number >= 0")
+
+    def pricing(self) -> Pricing:
+        return Pricing(kind="per_token", usd_per_call=self.usd_per_call,
+                       usd_per_m_input=self.usd_per_m_input, usd_per_m_output=self.usd_per_m_output)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PricingSheet:
+    name: str
+    split: Split
+    models: dict[str, ModelPrice]
+    tools: dict[str, Pricing]
+    note: str = ""
+
+    def __post_init__(self):
+        if self.split not in ("train", "eval"):
+            raise ValueError(f"PricingSheet.split={self.split!r}; allowed: 'train', 'eval'")
+
+    def model_pricing(self, model: str) -> Pricing:
+        if model not in self.models:
+            raise KeyError(f"pricing sheet {self.name!r} has no model {model!r}; "
+                           f"it prices: {sorted(self.models)}")
+        return self.models[model].pricing()
+
+    def tool_pricing(self, tool: str, default: Pricing) -> Pricing:
+        return self.tools.get(tool, default)
+
+
+def sheet_from_json(data: dict[str, Any]) -> PricingSheet:
+    for key in ("name", "split", "models"):
+        if key not in data:
+            raise ValueError(f"pricing sheet is missing the field {key!r}")
+    models = {}
+    for model, row in data["models"].items():
+        try:
+            models[model] = ModelPrice(**row)
+        except TypeError as e:
+            raise ValueError(f"pricing sheet {data['name']!r} model {model!r}: {e}") from None
+    tools = {name: pricing_from_json(p) for name, p in data.get("tools", {}).items()}
+    return PricingSheet(name=data["name"], split=data["split"], models=models, tools=tools,
+                        note=data.get("note", ""))
+
+
+def load_sheet(name_or_path: str | pathlib.Path) -> PricingSheet:
+    """A bundled sheet by name ("train_list") or any JSON file by path."""
+    path = pathlib.Path(name_or_path)
+    if not path.suffix:
+        path = SHEET_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"pricing sheet {str(name_or_path)!r} not found; bundled sheets: "
+                                f"{bundled_sheets()}")
+    return sheet_from_json(json.loads(path.read_text()))
+
+
+def bundled_sheets(split: Split | None = None) -> list[str]:
+    names = sorted(p.stem for p in SHEET_DIR.glob("*.json"))
+    if split is None:
+        return names
+    return [n for n in names if load_sheet(n).split == split]

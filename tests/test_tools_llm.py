@@ -1,0 +1,179 @@
+"""LLM-as-tool: against `orchestrax serve` on loopback (a tiny JAX model), and against a small
+OpenAI-shaped aiohttp server for the behaviours a random tiny model cannot show (code writing,
+errors, <think> stripping)."""
+
+import asyncio
+import contextlib
+import shutil
+
+import pytest
+from aiohttp import web
+
+from orchestrax.tools.base import Pricing, ToolError
+from orchestrax.tools.chat_client import ChatConfig
+from orchestrax.tools.llm_tool import ROLES, LLMTool, LLMToolConfig, extract_code
+from orchestrax.tools.sandbox import SandboxConfig
+from orchestrax.tools.sheets import load_sheet
+
+PRICE = Pricing(kind="per_token", usd_per_m_input=1.25, usd_per_m_output=10.0)
+
+
+@contextlib.asynccontextmanager
+async def openai_server(reply: str | None = None, status: int = 200, usage=(11, 7)):
+    seen = []
+
+    async def completions(request):
+        body = await request.json()
+        seen.append(body)
+        if status != 200:
+            return web.json_response({"error": {"message": "boom"}}, status=status)
+        return web.json_response({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": reply}}],
+            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                      "total_tokens": sum(usage)}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", seen
+    finally:
+        await runner.cleanup()
+
+
+def tool_for(url, role="generalist", **kw):
+    return LLMTool(LLMToolConfig(name=f"{role}_llm", role=role,
+                                 chat=ChatConfig(base_url=url, model="gpt-5", max_tokens=64), **kw),
+                   PRICE)
+
+
+def test_against_orchestrax_serve_cost_is_tokens_times_prices():
+    pytest.importorskip("orchestrax.rollout.server")
+    from orchestrax import models
+    from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
+    from orchestrax.rollout.embedded import EmbeddedSampler
+    from orchestrax.rollout.server import ServerState, bound_port, start
+
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    sheet = load_sheet("train_list")
+
+    async def scenario():
+        sampler = EmbeddedSampler(cfg, models.init_params(cfg, seed=0), max_batch=4, max_len=160,
+                                  min_bucket=32)
+        runner = await start(ServerState(sampler=sampler, model_path="tiny", tokenizer=tok,
+                                         chat_template=qwen3_chat_template()), port=0)
+        url = f"http://127.0.0.1:{bound_port(runner)}"
+        try:
+            tool = LLMTool(LLMToolConfig(
+                name="qwen3_32b", role="generalist", price_model="qwen3-32b",
+                chat=ChatConfig(base_url=url, model="orchestrax", max_tokens=8, seed=0)),
+                sheet.model_pricing("qwen3-32b"))
+            return tool, await tool({"query": "What is 2 + 2?"})
+        finally:
+            await runner.cleanup()
+
+    tool, res = asyncio.run(scenario())
+    prompt = tok.apply_chat_template(tool.messages({"query": "What is 2 + 2?"}),
+                                     add_generation_prompt=True, tokenize=True,
+                                     chat_template=qwen3_chat_template())
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    assert res.input_tokens == len(prompt)
+    assert 1 <= res.output_tokens <= 8
+    row = sheet.models["qwen3-32b"]
+    want = (res.input_tokens * row.usd_per_m_input + res.output_tokens * row.usd_per_m_output) / 1e6
+    assert res.cost == pytest.approx(want, rel=1e-12) and res.cost > 0
+    assert res.latency > 0 and isinstance(res.observation, str)
+
+
+def test_request_shape_think_stripping_and_cost():
+    async def scenario():
+        async with openai_server("<think>hmm, 6*7</think>\nThe answer is 42.") as (url, seen):
+            return await tool_for(url)({"query": "6*7?", "context": "integers"}), seen
+
+    res, seen = asyncio.run(scenario())
+    assert res.observation == "The answer is 42."
+    assert seen[0]["model"] == "gpt-5" and seen[0]["max_tokens"] == 64
+    assert seen[0]["temperature"] == 0.0
+    assert seen[0]["messages"][0] == {"role": "system", "content": ROLES["generalist"].system}
+    assert seen[0]["messages"][1]["content"] == "6*7?\n\nContext:\nintegers"
+    assert (res.input_tokens, res.output_tokens) == (11, 7)
+    assert res.cost == pytest.approx((11 * 1.25 + 7 * 10.0) / 1e6)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_coder_role_runs_the_written_code_in_the_sandbox():
+    reply = ("First try:\n```python\nprint('draft')\n```\nBetter:\n```python\n"
+             "import math, os\nprint(math.factorial(10), os.getuid())\n```")
+
+    async def scenario():
+        async with openai_server(reply) as (url, _):
+            good = await tool_for(url, "coder", sandbox=SandboxConfig(wall_timeout_s=5))({"query": "10!"})
+        async with openai_server("I cannot write code today.") as (url, _):
+            none = await tool_for(url, "coder")({"query": "10!"})
+        return good, none
+
+    good, none = asyncio.run(scenario())
+    assert "Output:\n3628800 65534" in good.observation  # ran sandboxed, as uid 65534
+    assert "draft" not in good.observation
+    assert good.cost == pytest.approx((11 * 1.25 + 7 * 10.0) / 1e6)
+    assert none.observation.startswith("[the model wrote no ```python block]")
+    assert ROLES["coder"].category == "specialist" and ROLES["generalist"].category == "generalist"
+
+
+@pytest.mark.parametrize("status,transient", [(400, False), (429, True), (503, True)])
+def test_http_errors_are_tool_errors(status, transient):
+    async def scenario():
+        async with openai_server("x", status=status) as (url, _):
+            with pytest.raises(ToolError) as err:
+                await tool_for(url)({"query": "q"})
+            return err.value
+
+    err = asyncio.run(scenario())
+    assert err.transient is transient and str(status) in str(err)
+
+
+def test_dead_server_malformed_body_and_bad_arguments():
+    dead = tool_for("http://127.0.0.1:9")
+    with pytest.raises(ToolError) as err:
+        asyncio.run(dead({"query": "q"}))
+    assert err.value.transient
+
+    async def no_usage():
+        app = web.Application()
+
+        async def h(request):
+            return web.json_response({"choices": [{"message": {"content": "hi"}}]})
+
+        app.router.add_post("/v1/chat/completions", h)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            await tool_for(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")({"query": "q"})
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(ToolError, match="unexpected body") as err:
+        asyncio.run(no_usage())
+    assert not err.value.transient
+    with pytest.raises(ToolError, match="query"):
+        asyncio.run(dead({"question": "q"}))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="role"):
+        LLMToolConfig(name="x", role="poet", chat=ChatConfig(base_url="http://h", model="m"))
+    with pytest.raises(ValueError, match="base_url"):
+        ChatConfig(base_url="localhost:8000", model="m")
+    with pytest.raises(ValueError, match="per_token"):
+        LLMTool(LLMToolConfig(name="x", role="generalist",
+                              chat=ChatConfig(base_url="http://h", model="m")), Pricing())
+    assert extract_code("no code") is None
+    assert extract_code("```py\nx = 1\n```") == "x = 1"
