@@ -1,0 +1,83 @@
+"""SGLang client against two real `orchestrax serve` processes on loopback: multi-turn
+token-in/token-out episodes keep going when one server is SIGKILLed mid-batch."""
+
+import asyncio
+import socket
+import sys
+
+import pytest
+
+from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sglang_client import (SamplerUnavailable, SGLangClient,
+                                              SGLangClientConfig)
+
+TOOL_RESPONSE_IDS = (10, 11, 12, 13)  # stands in for a tool-response block appended with mask 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_server(port: int) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrax.cli", "serve", "--tiny", "--port", str(port),
+        "--max-len", "256", "--max-batch", "16", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+    assert b"listening" in line, line
+    return proc
+
+
+async def episode(client: SGLangClient, i: int, turns: int) -> tuple[list[int], list[int], list]:
+    ids = [1 + i % 50, 7, 8, 9]
+    mask = [0] * len(ids)
+    results = []
+    for _ in range(turns):
+        res = (await client.generate([GenerateRequest(
+            input_ids=tuple(ids), sampling=SamplingParams(temperature=0.8, max_new_tokens=12,
+                                                          sampling_seed=i))]))[0]
+        results.append(res)
+        ids += list(res.output_ids) + list(TOOL_RESPONSE_IDS)
+        mask += [1] * len(res.output_ids) + [0] * len(TOOL_RESPONSE_IDS)
+    return ids, mask, results
+
+
+@pytest.mark.slow
+def test_episodes_survive_a_server_killed_mid_batch():
+    async def main():
+        ports = [free_port(), free_port()]
+        procs = await asyncio.gather(*(start_server(p) for p in ports))
+        try:
+            cfg = SGLangClientConfig(urls=tuple(f"http://127.0.0.1:{p}" for p in ports),
+                                     health_interval_s=0.2, retry_backoff_s=0.01)
+            async with SGLangClient(cfg) as client:
+                tasks = [asyncio.create_task(episode(client, i, turns=3)) for i in range(16)]
+                victim = client.servers[0]
+                while victim.outstanding == 0:  # kill while requests are in flight there
+                    await asyncio.sleep(0.001)
+                procs[0].kill()
+                out = await asyncio.gather(*tasks)
+                stats = dict(client.stats)
+                healthy = [s.healthy for s in client.servers]
+                # With every server gone the request fails with a clear error, not a hang.
+                procs[1].kill()
+                await procs[1].wait()
+                with pytest.raises(SamplerUnavailable):
+                    await client.generate([GenerateRequest(input_ids=(1, 2, 3))])
+            return out, stats, healthy
+        finally:
+            for p in procs:
+                if p.returncode is None:
+                    p.kill()
+                await p.wait()
+
+    out, stats, healthy = asyncio.run(main())
+    assert len(out) == 16 and stats["retries"] >= 1 and stats["failures"] == 0
+    assert healthy == [False, True]
+    for ids, mask, results in out:
+        assert len(results) == 3 and all(r.finish_reason in ("stop", "length") for r in results)
+        assert len(ids) == len(mask) == 4 + sum(len(r.output_ids) for r in results) + 3 * 4
+        assert sum(mask) == sum(len(r.logprobs) for r in results)
+        assert all(r.weight_version == "default" for r in results)
