@@ -211,3 +211,26 @@ def test_twenty_concurrent_runs_all_succeed():
 
     results = asyncio.run(many())
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(20)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to impersonate an unprivileged user")
+def test_sandbox_started_by_an_unprivileged_user():
+    """CI may run as a normal user: RLIMIT_NPROC then counts that user's other processes too,
+    so the limit is raised by their number; the fork bomb is still contained."""
+    script = (
+        "import asyncio, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from orchestrax.tools.sandbox import SandboxConfig, run_python\n"
+        "cfg = SandboxConfig(wall_timeout_s=2, cpu_seconds=2, processes=16)\n"
+        "print(asyncio.run(run_python('import os; print(os.getuid())', cfg)).stdout.strip())\n"
+        "bomb = 'import os\\nwhile True:\\n    try: os.fork()\\n    except OSError: pass\\n'\n"
+        "r = asyncio.run(run_python(bomb, cfg))\n"
+        "print(r.timed_out or (r.exit_code or 0) < 0)\n")
+    uid = 54321
+    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                          "env", "-i", "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", script],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["65534", "True"], out.stderr
+    ps = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout
+    assert [l for l in ps.splitlines() if l.split()[0] == str(uid) and "Z" not in l.split()[1]] == []

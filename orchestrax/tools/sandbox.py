@@ -98,14 +98,31 @@ def check_available(config: SandboxConfig) -> None:
             "opt out explicitly with SandboxConfig(mode='none')")
     if shutil.which("prlimit") is None:
         raise SandboxUnavailable("prlimit (util-linux) is not installed; it sets the rlimits")
+    if not os.access(config.python, os.X_OK):
+        raise SandboxUnavailable(f"SandboxConfig.python={config.python!r} is not an executable")
+
+
+def _processes_of(uid: int) -> int:
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                n += os.stat(f"/proc/{entry}").st_uid == uid
+            except FileNotFoundError:
+                pass
+    return n
 
 
 def _prlimit_argv(config: SandboxConfig) -> list[str]:
     cpu = config.cpu_seconds
+    nproc = config.processes
+    if os.geteuid() != 0:
+        # RLIMIT_NPROC counts every process of the (shared) host uid, not just the sandbox's
+        nproc += _processes_of(os.geteuid())
     # soft limit sends SIGXCPU, the hard one a second later SIGKILL
     return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={config.address_space_bytes}",
             f"--fsize={config.file_size_bytes}", f"--nofile={config.open_files}",
-            f"--nproc={config.processes}", "--core=0", "--"]
+            f"--nproc={nproc}", "--core=0", "--"]
 
 
 def _bwrap_argv(config: SandboxConfig) -> list[str]:
