@@ -213,8 +213,13 @@ def test_twenty_concurrent_runs_all_succeed():
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(20)]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root to impersonate an unprivileged user")
+def _world_traversable(path: pathlib.Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
+                    or not _world_traversable(REPO / "orchestrax" / "tools"),
+                    reason="needs root to impersonate an unprivileged user who can read the repo")
 def test_sandbox_started_by_an_unprivileged_user():
     """CI may run as a normal user: RLIMIT_NPROC then counts that user's other processes too,
     so the limit is raised by their number; the fork bomb is still contained."""
