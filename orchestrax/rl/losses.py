@@ -76,7 +76,13 @@ def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantage
     Metrics are Σ x·metric_weights (additive over micro-batches) except keys ending in "_max".
     """
     m = jnp.asarray(mask, jnp.float32)
-    A = jnp.asarray(advantages, jnp.float32)[:, None]
+    on = m > 0
+    # Masked slots may hold anything (−inf padding, NaN from dropped rows); zero them first so
+    # neither the loss nor its gradient (0·NaN) sees them.
+    clean = lambda x: None if x is None else jnp.where(on, x, 0.0)  # noqa: E731
+    old_logprobs, ref_logprobs, sampler_logprobs = map(
+        clean, (old_logprobs, ref_logprobs, sampler_logprobs))
+    A = jnp.where(jnp.any(on, axis=-1), jnp.asarray(advantages, jnp.float32), 0.0)[:, None]
     log_ratio = jnp.clip(logprobs - old_logprobs, -log_ratio_clamp, log_ratio_clamp)
     ratio = jnp.exp(log_ratio)
     pg_unclipped = -A * ratio
@@ -103,13 +109,12 @@ def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantage
         kl_BT = kl_penalty(logprobs, ref_logprobs, kl)
         per_token = per_token + kl_coef * kl_BT
         metrics["kl"] = _sg(jnp.sum(kl_BT * metric_weights))
-    loss = jnp.sum(per_token * weights)
-    on = m > 0
+    loss = jnp.sum(jnp.where(on, per_token, 0.0) * weights)
     frac = lambda b: jnp.sum(jnp.where(on & b, 1.0, 0.0) * metric_weights)  # noqa: E731
     sl = _sg(log_ratio)
     metrics.update({
         "loss": _sg(loss),
-        "pg_loss": _sg(jnp.sum(pg * weights)),
+        "pg_loss": _sg(jnp.sum(jnp.where(on, pg, 0.0) * weights)),
         "clip_frac_high": frac((A > 0) & (_sg(ratio) > 1.0 + clip_high)),
         "clip_frac_low": frac((A < 0) & (_sg(ratio) < 1.0 - clip_low)),
         "dual_clip_frac": frac(_sg(dual_active)),
@@ -119,7 +124,7 @@ def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantage
         "policy_tokens": jnp.sum(m),
     })
     if entropy is not None:
-        metrics["entropy"] = _sg(jnp.sum(entropy * metric_weights))
+        metrics["entropy"] = _sg(jnp.sum(jnp.where(on, entropy, 0.0) * metric_weights))
     return loss, metrics
 
 

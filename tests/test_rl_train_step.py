@@ -1,0 +1,161 @@
+"""The jitted train step on one device: accumulation, skipping, dropped samples, SFT, eval_shape."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orchestrax import models, rl
+
+MCFG = models.tiny_config(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=16)
+# eps=1 makes Adam's first steps ≈ lr·g, so parameter comparisons measure gradient agreement
+# instead of amplifying float noise in near-zero gradient entries through g/|g|.
+OCFG = rl.OptimizerConfig(lr=0.1, eps=1.0, weight_decay=0.0, max_grad_norm=None)
+
+
+def make_batch(B=16, T=10, seed=0, with_old=True):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, MCFG.vocab_size, (B, T)).astype(np.int32)
+    attn = np.ones((B, T), np.int32)
+    attn[: B // 4, :3] = 0                           # left padding
+    loss_mask = np.zeros((B, T), np.float32)
+    loss_mask[:, 5:] = 1
+    loss_mask[1, 5:] = 0
+    loss_mask[1, 7] = 1                               # ragged policy spans
+    batch = dict(tokens=tokens, attention_mask=attn, loss_mask=loss_mask,
+                 advantages=rng.normal(size=B).astype(np.float32),
+                 sample_mask=np.ones(B, np.float32))
+    if with_old:
+        params = models.init_params(MCFG, seed=0)
+        batch["old_logprobs"] = np.asarray(models.token_logprobs(MCFG, params, tokens, attn))
+    return batch
+
+
+def fresh_state(ocfg=OCFG):
+    return rl.init_state(models.init_params(MCFG, seed=0), ocfg)
+
+
+def max_diff(a, b):
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def big_step():
+    return rl.make_train_step(MCFG, rl.GRPOConfig(agg="seq-mean-token-mean",
+                                                  compute_entropy=False), OCFG)
+
+
+def test_accumulation_over_4_microbatches_equals_one_batch(big_step):
+    batch = make_batch()
+    acc = rl.make_train_step(MCFG, rl.GRPOConfig(agg="seq-mean-token-mean", num_microbatches=4,
+                                                 compute_entropy=False), OCFG)
+    s1, m1 = big_step(fresh_state(), batch)
+    s4, m4 = acc(fresh_state(), batch)
+    assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), abs=1e-6)
+    assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
+    assert max_diff(s1.params, s4.params) <= 1e-5
+    assert max_diff(s1.params, fresh_state().params) > 1e-3        # it did learn something
+    # metrics add up across micro-batches to the full-batch token means
+    for k in ("clip_frac_high", "ratio_mean", "approx_kl", "policy_tokens"):
+        assert float(m1[k]) == pytest.approx(float(m4[k]), abs=1e-6)
+
+
+def test_non_finite_loss_skips_update_and_counts(big_step):
+    batch = make_batch()
+    batch["advantages"][3] = np.nan
+    s0 = fresh_state()
+    ref = jax.tree.map(np.array, s0.params)
+    s, m = big_step(s0, batch)
+    assert int(s.counters["skipped_updates"]) == 1 and int(s.counters["updates"]) == 0
+    assert float(m["skipped"]) == 1.0
+    assert max_diff(s.params, ref) == 0.0
+    batch["advantages"][3] = 0.5                  # a good batch afterwards updates again
+    s, _ = big_step(s, batch)
+    assert int(s.counters["updates"]) == 1 and int(s.counters["train_steps"]) == 2
+
+
+def test_dropped_samples_cost_no_gradient(big_step):
+    batch = make_batch()
+    batch["sample_mask"][[0, 5, 9]] = 0
+    other = {k: v.copy() for k, v in batch.items()}
+    rng = np.random.default_rng(1)
+    for r in (0, 5, 9):                           # garbage in the dropped rows changes nothing
+        other["tokens"][r] = rng.integers(0, MCFG.vocab_size, 10)
+        other["advantages"][r] = np.nan
+        other["old_logprobs"][r] = -np.inf
+    s1, m1 = big_step(fresh_state(), batch)
+    s2, m2 = big_step(fresh_state(), other)
+    assert max_diff(s1.params, s2.params) == 0.0
+    assert float(m1["loss"]) == float(m2["loss"])
+    assert int(s2.counters["dropped_samples"]) == 3 and float(m2["dropped_samples"]) == 3.0
+    assert int(s2.counters["skipped_updates"]) == 0
+
+
+def test_sft_objective_learns_the_masked_tokens():
+    batch = make_batch(B=8, with_old=False)
+    batch.pop("advantages")
+    ocfg = rl.OptimizerConfig(lr=1e-2, weight_decay=0.0)
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft", compute_entropy=False), ocfg)
+    state = fresh_state(ocfg)
+    losses = []
+    for _ in range(15):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    assert losses[0] == pytest.approx(np.log(MCFG.vocab_size), rel=0.15)   # ~uniform at init
+    assert losses[-1] < 0.6 * losses[0]
+
+
+def test_bad_batch_names_the_problem(big_step):
+    batch = make_batch()
+    with pytest.raises(ValueError, match="missing 'advantages'"):
+        big_step(fresh_state(), {k: v for k, v in batch.items() if k != "advantages"})
+    with pytest.raises(ValueError, match=r"batch\['advantages'\] has shape \(15,\)"):
+        big_step(fresh_state(), {**batch, "advantages": batch["advantages"][:15]})
+    with pytest.raises(ValueError, match="unknown keys"):
+        big_step(fresh_state(), {**batch, "rewards": batch["advantages"]})
+    step3 = rl.make_train_step(MCFG, rl.GRPOConfig(num_microbatches=3), OCFG)
+    with pytest.raises(ValueError, match="not divisible by num_minibatches × num_microbatches"):
+        step3(fresh_state(), batch)
+    kl = rl.make_train_step(MCFG, rl.GRPOConfig(kl_coef=1e-4), OCFG)
+    with pytest.raises(ValueError, match="kl_coef > 0 needs batch\\['ref_logprobs'\\]"):
+        kl(fresh_state(), batch)
+
+
+def test_schedule_warmup_then_cosine():
+    f = rl.lr_schedule(rl.OptimizerConfig(lr=1.0, warmup_steps=10, schedule="cosine",
+                                          total_steps=110, min_lr_ratio=0.1))
+    assert float(f(0)) == 0.0 and float(f(5)) == pytest.approx(0.5)
+    assert float(f(10)) == pytest.approx(1.0)
+    assert float(f(60)) == pytest.approx(0.1 + 0.9 * 0.5, abs=1e-6)
+    assert float(f(110)) == pytest.approx(0.1, abs=1e-6)
+    g = rl.lr_schedule(rl.OptimizerConfig(lr=2.0, warmup_steps=4))
+    assert float(g(2)) == pytest.approx(1.0) and float(g(100)) == pytest.approx(2.0)
+
+
+def test_full_size_step_traces_with_eval_shape():
+    cfg = models.preset("qwen3-0.6b")
+    step_cfg = rl.GRPOConfig(num_minibatches=2, num_microbatches=2, ppo_epochs=2)
+    from orchestrax.rl.train_step import _train_step
+    import functools
+    fn = functools.partial(_train_step, mcfg=cfg, gcfg=step_cfg, opt_cfg=OCFG, mesh=None,
+                           rules=None)
+    state = jax.eval_shape(lambda: rl.init_state(models.init_params(cfg), OCFG))
+    B, T = 8, 64
+    batch = {"tokens": jax.ShapeDtypeStruct((B, T), jnp.int32),
+             "attention_mask": jax.ShapeDtypeStruct((B, T), jnp.int32),
+             "loss_mask": jax.ShapeDtypeStruct((B, T), jnp.float32),
+             "advantages": jax.ShapeDtypeStruct((B,), jnp.float32)}
+    new_state, metrics = jax.eval_shape(fn, state, batch)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), new_state.params) == \
+        jax.tree.map(lambda a: (a.shape, a.dtype), state.params)
+    assert metrics["loss"].shape == ()
+    assert sum(x.size for x in jax.tree.leaves(state.params)) == models.num_params(cfg)
+
+
+def test_mfu_helper():
+    assert rl.train_flops(1_000, 10) == 60_000
+    assert rl.mfu(8e9, 1e4, 1.0, rl.peak_flops("h100")) == pytest.approx(6 * 8e13 / 989e12)
+    with pytest.raises(ValueError, match="known"):
+        rl.peak_flops("abacus")
