@@ -1,0 +1,80 @@
+"""tau2 domains as an `orchestrax.envs.base.Environment`.
+
+An episode: `task = await env.open(env.tasks("train")[i], user)` adds the agent's greeting and
+the simulated user's first message, the agent loop runs with `env.tools(task)` (one fresh DB
+shared by all of that episode's tools) and `user`, then `await env.verify(task, trajectory)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from orchestrax.agent.episode import UserResponder
+from orchestrax.agent.trajectory import Trajectory
+from orchestrax.envs.base import Task
+from orchestrax.envs.openai_chat import ChatEndpoint
+from orchestrax.envs.tau2.domain import DomainTool, Tau2Domain
+from orchestrax.envs.tau2.user import GREETING, LLMUser
+from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
+
+_AGENT_PROMPT = """You are a customer service agent. Help the user under the policy below.
+In each turn either send one message to the user or make tool calls, not both.
+Act only on what the policy allows; ask for explicit confirmation before any change.
+
+<policy>
+{policy}
+</policy>"""
+
+
+class Tau2Environment:
+    def __init__(self, domain: Tau2Domain, *, user_endpoint: ChatEndpoint | None = None):
+        self.domain = domain
+        self.user_endpoint = user_endpoint
+        self._gold = GoldCache(domain)
+        self._by_id = {t["id"]: t for t in domain.tasks}
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        """`split`: a key of split_tasks.json (train/test/base) or "all"."""
+        if split == "all":
+            ids = [t["id"] for t in self.domain.tasks]
+        elif split in self.domain.splits:
+            ids = [i for i in self.domain.splits[split] if i in self._by_id]
+        else:
+            raise ValueError(f"tau2 {self.domain.name} split={split!r}; allowed: "
+                             f"{sorted(self.domain.splits) + ['all']}")
+        system = {"role": "system", "content": _AGENT_PROMPT.format(policy=self.domain.policy.strip())}
+        return [Task(task_id=f"tau2/{self.domain.name}/{i}", messages=(system,),
+                     metadata={"domain": self.domain.name, "tau2_id": i}) for i in ids]
+
+    def raw(self, task: Task) -> dict:
+        """The task's tau2 record (user_scenario, evaluation_criteria, ...)."""
+        tau2_id = task.metadata.get("tau2_id")
+        if tau2_id not in self._by_id:
+            raise KeyError(f"Task {task.task_id!r} is not a task of tau2 domain {self.domain.name}")
+        return self._by_id[tau2_id]
+
+    def user(self, task: Task) -> UserResponder:
+        """A fresh LLM-driven user for one episode of `task`."""
+        if self.user_endpoint is None:
+            raise ValueError("Tau2Environment has no user_endpoint; pass a ChatEndpoint or use "
+                             "tau2.user.ScriptedUser")
+        return LLMUser(self.raw(task), self.user_endpoint)
+
+    async def open(self, task: Task, user: UserResponder) -> Task:
+        """`task` with the agent's greeting and the user's first message appended."""
+        greeting = {"role": "assistant", "content": GREETING}
+        reply = await user([*task.messages, greeting])
+        return dataclasses.replace(task, messages=(*task.messages, greeting,
+                                                   {"role": "user", "content": reply.text}))
+
+    def tools(self, task: Task) -> list[DomainTool]:
+        return self.domain.tools()
+
+    def check(self, task: Task, trajectory: Trajectory) -> Verdict:
+        texts = trajectory_texts(trajectory) + [m["content"] for m in trajectory.messages
+                                                if m.get("role") == "assistant"
+                                                and isinstance(m.get("content"), str)]
+        return check(self.domain, self.raw(task), trajectory_calls(trajectory), texts, self._gold)
+
+    async def verify(self, task: Task, trajectory: Trajectory) -> float:
+        return float(self.check(task, trajectory).passed)

@@ -1,0 +1,53 @@
+"""Test fixtures shipped with the code: a real OpenAI-compatible HTTP server on loopback whose
+replies come from a Python function, for exercising the judge and user-simulator clients."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from aiohttp import web
+
+Responder = Callable[[dict[str, Any]], "str | tuple[int, str]"]
+
+
+class ScriptedChatServer:
+    """`async with ScriptedChatServer(fn) as srv:` serves POST /v1/chat/completions on
+    127.0.0.1 at `srv.base_url`. `fn(request_body)` returns the reply text, or
+    `(status, body)` to answer with an HTTP error. Every request body is kept in `srv.requests`."""
+
+    def __init__(self, respond: Responder):
+        self.respond = respond
+        self.requests: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        out = self.respond(body)
+        if isinstance(out, tuple):
+            return web.Response(status=out[0], text=out[1])
+        prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        return web.json_response({
+            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion",
+            "model": body.get("model", ""),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": out}}],
+            # a rough token count: the server is a fixture, not a tokenizer
+            "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(out) // 4,
+                      "total_tokens": prompt_chars // 4 + len(out) // 4}})
+
+    async def __aenter__(self) -> "ScriptedChatServer":
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
