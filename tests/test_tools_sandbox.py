@@ -50,6 +50,18 @@ def test_infinite_loop_is_killed_by_the_wall_clock():
     assert live_sandbox_pids(cfg) == []
 
 
+def test_cancelling_the_call_kills_the_run():
+    cfg = SandboxConfig(wall_timeout_s=60.0, cpu_seconds=60)
+
+    async def scenario():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(run_python("while True: pass", cfg), 1.0)
+        await asyncio.sleep(0.3)
+        return live_sandbox_pids(cfg)  # checked while the event loop still runs
+
+    assert asyncio.run(scenario()) == []
+
+
 def test_cpu_rlimit_kills_a_busy_loop_before_the_wall_clock():
     cfg = SandboxConfig(wall_timeout_s=30.0, cpu_seconds=1)
     r = run("while True: pass", cfg)

@@ -170,8 +170,17 @@ def _host_ids(config: SandboxConfig) -> dict:
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
+def _kill_group(pid: int) -> None:
+    # the whole group: bwrap's pid-namespace init dies with it and takes every descendant along
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
-    """Run `code` with the sandbox's interpreter; never raises for anything the code does."""
+    """Run `code` with the sandbox's interpreter; never raises for anything the code does.
+    Cancelling the call (an executor's timeout) kills the run too."""
     check_available(config)
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
@@ -180,25 +189,23 @@ async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
         cwd="/", **_host_ids(config))
     readers = asyncio.gather(_read_capped(proc.stdout, config.output_bytes),
                              _read_capped(proc.stderr, config.output_bytes))
-    try:
-        proc.stdin.write(code.encode())
-        await proc.stdin.drain()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the child died before reading all its code; its stderr says why
-    finally:
-        proc.stdin.close()
     timed_out = False
     try:
-        await asyncio.wait_for(proc.wait(), config.wall_timeout_s)
-    except asyncio.TimeoutError:
-        timed_out = True
-    finally:
-        # the whole group: bwrap's pid-namespace init dies with it and takes every descendant along
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        await proc.wait()
+            proc.stdin.write(code.encode())
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the child died before reading all its code; its stderr says why
+        finally:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), config.wall_timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+    finally:
+        _kill_group(proc.pid)
+        if proc.returncode is None:
+            await asyncio.shield(proc.wait())
     try:
         stdout, stderr = await asyncio.wait_for(readers, 5.0)
     except asyncio.TimeoutError:  # a daemonised grandchild kept the pipe open (mode='none' only)
