@@ -161,6 +161,7 @@ def test_abort_finishes_queued_requests():
     assert out[2].output_ids == () and out[2].rid == "r2"
 
 
+@pytest.mark.slow  # one more compile (sharded inputs); ~10 s on a loaded 2-core box
 def test_sharded_params_give_the_same_tokens():
     mesh = parallel.make_mesh(parallel.MeshConfig())
     sharded = models.shard_params(CFG, PARAMS, mesh)
