@@ -1,0 +1,160 @@
+"""Synthetic routing environment: determinism, simulated cost/latency, the preference deciding
+the right tool under the real ToolOrchestra reward, and demos through the real agent loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from orchestrax import rl
+from orchestrax.agent import chat
+from orchestrax.agent.episode import EpisodeConfig, prompt_messages, run_episode
+from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
+from orchestrax.envs.routing import LookupTool, RoutingConfig, RoutingEnv
+from orchestrax.tools.base import ToolError
+
+
+def _fingerprint(tasks):
+    return [(t.task_id, t.messages, t.preference, t.preference_instruction, t.answer, t.metadata)
+            for t in tasks]
+
+
+def test_deterministic_from_seed():
+    a, b, c = RoutingEnv(RoutingConfig(seed=3)), RoutingEnv(RoutingConfig(seed=3)), RoutingEnv(RoutingConfig(seed=4))
+    for split in ("train", "eval"):
+        assert _fingerprint(a.tasks(split)) == _fingerprint(b.tasks(split))
+        assert _fingerprint(a.tasks(split)) != _fingerprint(c.tasks(split))
+    assert _fingerprint(a.tasks("test")) == _fingerprint(a.tasks("eval"))
+    assert len(a.tasks("train")) == 256 and len(a.tasks("eval")) == 32
+    assert {t.task_id for t in a.tasks("train")}.isdisjoint(t.task_id for t in a.tasks("eval"))
+    with pytest.raises(ValueError, match="allowed: train, eval, test"):
+        a.tasks("dev")
+
+
+def test_preference_vectors_and_preferred_tools():
+    env = RoutingEnv(RoutingConfig(preferences=("cost", "latency", "lookup_premium")))
+    names = [t.spec.name for t in env.tools(env.tasks()[0])]
+    assert names == ["lookup_cheap", "lookup_fast", "lookup_premium"]
+    seen = {}
+    for task in env.tasks("train"):
+        p = task.preference
+        assert len(p) == len(names) + 3 and all(0.0 <= x <= 1.0 for x in p)
+        seen[task.metadata["preference_kind"]] = (p, task.metadata["preferred_tool"], task.preference_instruction)
+    assert seen == {
+        "cost": ((0, 0, 0, 1, 1, 0), "lookup_cheap", "Preference: low cost."),
+        "latency": ((0, 0, 0, 1, 0, 1), "lookup_fast", "Preference: low latency."),
+        "lookup_premium": ((0, 0, 1, 1, 0, 0), "lookup_premium", "Preference: use lookup_premium."),
+    }
+
+
+def test_tools_report_simulated_cost_and_latency_without_sleeping():
+    env = RoutingEnv()
+    task = env.tasks("train")[5]
+    tools = env.tools(task)
+
+    async def call_all():
+        return await asyncio.gather(*(t({"key": task.metadata["key"]}) for t in tools))
+
+    results = asyncio.run(call_all())
+    assert [r.observation for r in results] == [task.answer] * 3
+    assert [(r.cost, r.latency) for r in results] == [(0.001, 4.0), (0.02, 0.2), (0.05, 2.0)]
+    assert [t.spec.pricing.usd_per_call for t in tools] == [0.001, 0.02, 0.05]
+    with pytest.raises(ToolError, match="no entry for key='k1000'"):
+        asyncio.run(tools[0]({"key": "k1000"}))
+    with pytest.raises(ToolError, match="no entry"):
+        asyncio.run(tools[0]({"query": task.metadata["key"]}))
+
+
+def _traj(task, tool, answer):
+    call = ToolCallRecord(name=tool.spec.name, arguments={"key": task.metadata["key"]},
+                          observation=task.answer, cost=tool.spec.pricing.usd_per_call,
+                          latency=tool.spec.latency_s)
+    return Trajectory(task_id=task.task_id, turns=[TurnRecord(text="", tool_calls=[call]),
+                                                   TurnRecord(text=answer)], final_answer=answer)
+
+
+def test_preference_picks_the_tool_under_the_real_reward():
+    """For each preference kind, the group member that used the preferred tool gets the highest
+    ToolOrchestra reward; a wrong answer gets 0."""
+    env = RoutingEnv(RoutingConfig(preferences=("cost", "latency", "lookup_premium")))
+    by_kind = {}
+    for task in env.tasks("train"):
+        by_kind.setdefault(task.metadata["preference_kind"], task)
+    for kind, task in by_kind.items():
+        tools = env.tools(task)
+        names = [t.spec.name for t in tools]
+        group = [_traj(task, t, task.answer) for t in tools] + [_traj(task, tools[0], "0")]
+        outcome = np.array([[asyncio.run(env.verify(task, tr)) for tr in group]], np.float32)
+        assert outcome.tolist() == [[1.0, 1.0, 1.0, 0.0]]
+        counts, cost, latency = rl.features_from_trajectories(group, names)
+        R = np.asarray(rl.toolorchestra_reward(counts[None], outcome, cost[None], latency[None],
+                                               np.asarray([task.preference], np.float32)))[0]
+        best = names[int(np.argmax(R[:3]))]
+        assert best == task.metadata["preferred_tool"], (kind, R)
+        assert R[3] == 0.0 and np.sum(R[:3] == R[:3].max()) == 1
+
+
+def test_verify_reads_the_answer():
+    env = RoutingEnv()
+    task = env.tasks("eval")[0]
+    for answer, score in ((task.answer, 1.0), (f" <answer>{task.answer}</answer> ", 1.0),
+                          ("999" if task.answer != "999" else "998", 0.0), (None, 0.0)):
+        got = asyncio.run(env.verify(task, Trajectory(task_id=task.task_id, final_answer=answer)))
+        assert got == score, answer
+
+
+def test_prompt_is_short_for_the_tiny_model():
+    """Task-specific text is tens of tokens; the rest is the fixed tools header and schemas."""
+    tok = tiny_qwen3_tokenizer(512)
+    env = RoutingEnv()
+    task = env.tasks("train")[0]
+    msgs = prompt_messages(task)
+    text = chat.render_messages(msgs, tools=[t.spec for t in env.tools(task)], add_generation_prompt=True,
+                                enable_thinking=False)
+    n_task = len(tok.encode(msgs[-1]["content"] + msgs[0]["content"], add_special_tokens=False))
+    assert n_task < 60
+    assert len(tok.encode(text, add_special_tokens=False)) < 560
+
+
+def test_demonstrations_play_through_the_agent_loop_and_stats():
+    tok = tiny_qwen3_tokenizer(512)
+    env = RoutingEnv(RoutingConfig(num_train=6))
+    rng = np.random.default_rng(0)
+    cfg = EpisodeConfig(max_turns=3, context_tokens=768, max_new_tokens=48, enable_thinking=False)
+
+    async def play(task):
+        sampler = ScriptedSampler(tok, turns=env.demonstration(task, rng))
+        return await run_episode(sampler, tok, task, env.tools(task), config=cfg)
+
+    tasks = env.tasks("train")
+    trajs = [asyncio.run(play(t)) for t in tasks]
+    for task, traj in zip(tasks, trajs):
+        assert traj.end_reason == "answer", (traj.end_reason, traj.error)
+        assert len(traj.token_ids) < 700  # a whole episode fits the demo's 768-token context
+        assert asyncio.run(env.verify(task, traj)) == 1.0
+        (call,) = traj.tool_calls
+        assert call.ok and call.observation == task.answer
+        tool = next(t for t in env.tools(task) if t.spec.name == call.name)
+        assert (traj.cost, traj.latency) == (tool.spec.pricing.usd_per_call, tool.spec.latency_s)
+    stats = env.stats(tasks, [[t] for t in trajs])
+    expect = {}
+    for task, traj in zip(tasks, trajs):
+        expect.setdefault(task.metadata["preference_kind"], []).append(
+            traj.tool_calls[0].name == task.metadata["preferred_tool"])
+    assert stats == {"preferred_tool_rate_cost": np.mean(expect["cost"]),
+                     "preferred_tool_rate_latency": np.mean(expect["latency"]), "tool_calls_mean": 1.0}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_train=0), "num_train=0"),
+    (dict(preferences=("speed",)), r"preferences=\('speed',\); allowed: \['cost', 'latency'"),
+    (dict(tools=(LookupTool(name="a", usd_per_call=1, latency_s=1),)), "at least|>= 2 tools"),
+    (dict(tools=(LookupTool(name="a", usd_per_call=1, latency_s=1),
+                 LookupTool(name="b", usd_per_call=1, latency_s=2))), "preference 'cost' needs one tool"),
+])
+def test_config_errors_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RoutingConfig(**kwargs)
