@@ -11,7 +11,7 @@ import pytest
 
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.openai_chat import ChatEndpoint
-from orchestrax.envs.qa import QAConfig, QAEnvironment, default_grader, load_jsonl
+from orchestrax.envs.qa import QAConfig, QAEnv, default_grader, load_jsonl
 from orchestrax.envs.qa_grading import exact_match, last_boxed, math_match, normalize_answer, parse_verdict
 from orchestrax.envs.testing import ScriptedChatServer
 
@@ -82,7 +82,7 @@ def test_normalised_exact_match():
 
 
 def test_math_verify_on_every_aime_answer(shared_data):
-    env = QAEnvironment(QAConfig(path=str(shared_data / "qa" / "aime_2024_2025.jsonl")))
+    env = QAEnv(QAConfig(path=str(shared_data / "qa" / "aime_2024_2025.jsonl")))
     assert env.grader == "math"
     for task in env.tasks("all"):
         gold = task.answer[0]
@@ -109,7 +109,7 @@ def test_llm_judge_over_loopback(shared_data):
 
     async def main():
         async with ScriptedChatServer(_judge) as srv:
-            env = QAEnvironment(QAConfig(path=path, grader="judge",
+            env = QAEnv(QAConfig(path=path, grader="judge",
                                          judge=ChatEndpoint(base_url=srv.base_url, model="judge")))
             task = env.tasks("all")[0]  # Citibank / James Madison
             right = await env.verify(task, Trajectory(task_id=task.task_id,
@@ -133,13 +133,13 @@ def test_judge_failure_falls_back_to_exact_match(shared_data):
         dead = s.getsockname()[1]
 
     async def main():
-        env = QAEnvironment(QAConfig(path=path, grader="judge", judge=ChatEndpoint(
+        env = QAEnv(QAConfig(path=path, grader="judge", judge=ChatEndpoint(
             base_url=f"http://127.0.0.1:{dead}/v1", model="j", max_retries=1, backoff_s=0.01)))
         task = env.tasks("all")[0]
         exact = await env.grade(task, "James Madison")
         loose = await env.grade(task, "It was James Madison")
         async with ScriptedChatServer(lambda body: "I refuse to give a verdict") as srv:
-            env2 = QAEnvironment(QAConfig(path=path, grader="judge",
+            env2 = QAEnv(QAConfig(path=path, grader="judge",
                                           judge=ChatEndpoint(base_url=srv.base_url, model="j")))
             unparsable = await env2.grade(task, "James Madison")
         return exact, loose, env.judge_failures, unparsable, env2.judge_failures
@@ -150,13 +150,16 @@ def test_judge_failure_falls_back_to_exact_match(shared_data):
 
 def test_splits_are_stable_and_disjoint(shared_data):
     cfg = QAConfig(path=str(shared_data / "qa" / "musique_500.jsonl"))
-    a, b = QAEnvironment(cfg), QAEnvironment(cfg)
+    a, b = QAEnv(cfg), QAEnv(cfg)
     train, test = a.tasks("train"), a.tasks("test")
     assert [t.task_id for t in train] == [t.task_id for t in b.tasks("train")]
     assert not {t.task_id for t in train} & {t.task_id for t in test}
     assert len(train) + len(test) == 500 and 60 < len(test) < 140
+    assert [t.task_id for t in a.tasks("eval")] == [t.task_id for t in test]
+    via_fields = QAEnv(path=cfg.path)
+    assert [t.task_id for t in via_fields.tasks("test")] == [t.task_id for t in test]
     assert a.tools(train[0]) == []
-    with pytest.raises(ValueError, match="allowed: train, test, all"):
+    with pytest.raises(ValueError, match="allowed: train, test, eval, all"):
         a.tasks("dev")
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrax.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.envs import tau2
-from orchestrax.envs.tau2.env import Tau2Environment
+from orchestrax.envs.tau2.env import Tau2Env
 from orchestrax.envs.tau2.verify import GoldCache, check, gold_actions, missing_info
 from orchestrax.tools.base import ToolError
 
@@ -84,7 +84,7 @@ def test_replay_does_not_touch_base_and_returns_copy(dom):
 
 
 def test_verifier_accepts_every_gold_trajectory(dom):
-    env = Tau2Environment(dom)
+    env = Tau2Env(dom)
     tasks = {t.metadata["tau2_id"]: t for t in env.tasks("all")}
     for raw in dom.tasks:
         traj = _trajectory(raw["id"], gold_actions(raw), _saying(raw))
@@ -271,7 +271,7 @@ def test_rejected_actions_leave_db_unchanged_with_clear_errors(shared_data):
 
 def test_domain_tools_share_one_fresh_db_per_episode(shared_data):
     retail = tau2.load_domain(shared_data / "tau2" / "retail")
-    env = Tau2Environment(retail)
+    env = Tau2Env(retail)
     task = env.tasks("train")[0]
     order_id, order = next((o, r) for o, r in retail.base_db["orders"].items()
                            if r["status"] == "pending"

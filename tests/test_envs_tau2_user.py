@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 
 import pytest
@@ -12,7 +13,7 @@ from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.envs import tau2
 from orchestrax.envs.openai_chat import ChatEndpoint, ChatError, chat as chat_call
-from orchestrax.envs.tau2.env import Tau2Environment
+from orchestrax.envs.tau2.env import Tau2Env
 from orchestrax.envs.tau2.user import GREETING, LLMUser, ScriptedUser, flip_roles, render_scenario
 from orchestrax.envs.tau2.verify import gold_actions
 from orchestrax.envs.testing import ScriptedChatServer
@@ -30,7 +31,7 @@ def _free_port() -> int:
 
 
 def test_llm_user_prompt_roles_and_stop(retail):
-    env = Tau2Environment(retail)
+    env = Tau2Env(retail)
     task = env.tasks("test")[0]
     raw = env.raw(task)
     replies = iter(["Hi, I need help with an order.", "Thanks, that is all. ###STOP###"])
@@ -136,7 +137,7 @@ def _episode(env, task, calls, final_text):
 
 
 def test_full_episode_through_agent_loop_is_verified(retail):
-    env = Tau2Environment(retail)
+    env = Tau2Env(retail)
     raw = next(t for t in retail.tasks if t["id"] == "1")  # a task with writes and no rejections
     task = next(t for t in env.tasks("all") if t.metadata["tau2_id"] == "1")
     actions = gold_actions(raw)
@@ -151,3 +152,18 @@ def test_full_episode_through_agent_loop_is_verified(retail):
     last_write = max(k for k, a in enumerate(actions) if retail.functions[a["name"]].kind == "write")
     traj2, score2 = _episode(env, task, actions[:last_write] + actions[last_write + 1:], final)
     assert traj2.end_reason == "user_stop" and score2 == 0.0
+
+
+def test_env_construction_splits_and_user_hook(shared_data):
+    env = tau2.Tau2Env(domain=str(shared_data / "tau2" / "airline"))  # the trainer's make_env form
+    assert [t.task_id for t in env.tasks("eval")] == [t.task_id for t in env.tasks("test")]
+    assert len(env.tasks("all")) == 50
+    with pytest.raises(ValueError, match="split='dev'; allowed: .*'all', 'eval'"):
+        env.tasks("dev")
+    task = env.tasks("train")[0]
+    assert env.user_for(task) is None
+    assert task.messages[0]["role"] == "system" and "<policy>" in task.messages[0]["content"]
+    with_user = tau2.Tau2Env(env.domain, user_endpoint=ChatEndpoint(base_url="http://127.0.0.1:9", model="u"))
+    assert isinstance(with_user.user_for(task), LLMUser)
+    with pytest.raises(KeyError, match="not a task of tau2 domain airline"):
+        env.raw(dataclasses.replace(task, metadata={"tau2_id": "nope"}))

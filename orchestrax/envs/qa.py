@@ -100,22 +100,28 @@ def _in_test(task_id: str, fraction: float) -> bool:
     return bucket < fraction
 
 
-class QAEnvironment:
+class QAEnv:
     """QA tasks need no domain tools: `tools()` is empty and the orchestrator brings its own
     (search, code, LLMs). A judge that stays unreachable after retries falls back to exact
     match for that answer (logged, counted in `judge_failures`) rather than ending training."""
 
-    def __init__(self, config: QAConfig):
+    def __init__(self, config: QAConfig | None = None, **fields: Any):
+        """`QAEnv(QAConfig(...))` or `QAEnv(path=..., grader=...)`."""
+        if (config is None) == (not fields):
+            raise ValueError("QAEnv takes a QAConfig or QAConfig's fields (path=..., ...), not both")
+        config = config or QAConfig(**fields)
         self.config = config
         self.grader: Grader = config.grader or default_grader(config.path)
         self._tasks = load_jsonl(config.path)
         self.judge_failures = 0
 
     def tasks(self, split: str = "train") -> list[Task]:
+        """`split`: train, test (alias eval: a stable `test_fraction` of ids) or all."""
+        split = "test" if split == "eval" else split
         if split == "all":
             return list(self._tasks)
         if split not in ("train", "test"):
-            raise ValueError(f"QA split={split!r}; allowed: train, test, all")
+            raise ValueError(f"QA split={split!r}; allowed: train, test, eval, all")
         want_test = split == "test"
         return [t for t in self._tasks if _in_test(t.task_id, self.config.test_fraction) == want_test]
 

@@ -1,6 +1,7 @@
 """tau2 domains as an `orchestrax.envs.base.Environment`.
 
-An episode: `task = await env.open(env.tasks("train")[i], user)` adds the agent's greeting and
+An episode: `task = await env.open(env.tasks("train")[i], user)` (needed: tau2 conversations
+start with the user, so the task's messages stop at the system prompt until then) adds the agent's greeting and
 the simulated user's first message, the agent loop runs with `env.tools(task)` (one fresh DB
 shared by all of that episode's tools) and `user`, then `await env.verify(task, trajectory)`.
 """
@@ -8,12 +9,13 @@ shared by all of that episode's tools) and `user`, then `await env.verify(task, 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 from orchestrax.agent.episode import UserResponder
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Task
 from orchestrax.envs.openai_chat import ChatEndpoint
-from orchestrax.envs.tau2.domain import DomainTool, Tau2Domain
+from orchestrax.envs.tau2.domain import DomainTool, Tau2Domain, load_domain
 from orchestrax.envs.tau2.user import GREETING, LLMUser
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
 
@@ -26,22 +28,27 @@ Act only on what the policy allows; ask for explicit confirmation before any cha
 </policy>"""
 
 
-class Tau2Environment:
-    def __init__(self, domain: Tau2Domain, *, user_endpoint: ChatEndpoint | None = None):
-        self.domain = domain
+class Tau2Env:
+    """`domain`: a loaded Tau2Domain or its folder. Without `user_endpoint` there is no
+    simulated user (`user_for` returns None; tests use ScriptedUser)."""
+
+    def __init__(self, domain: Tau2Domain | str | pathlib.Path, *,
+                 user_endpoint: ChatEndpoint | None = None):
+        self.domain = domain if isinstance(domain, Tau2Domain) else load_domain(domain)
         self.user_endpoint = user_endpoint
-        self._gold = GoldCache(domain)
-        self._by_id = {t["id"]: t for t in domain.tasks}
+        self._gold = GoldCache(self.domain)
+        self._by_id = {t["id"]: t for t in self.domain.tasks}
 
     def tasks(self, split: str = "train") -> list[Task]:
-        """`split`: a key of split_tasks.json (train/test/base) or "all"."""
+        """`split`: a key of split_tasks.json (train/test/base), "eval" (= test) or "all"."""
+        split = "test" if split == "eval" else split
         if split == "all":
             ids = [t["id"] for t in self.domain.tasks]
         elif split in self.domain.splits:
             ids = [i for i in self.domain.splits[split] if i in self._by_id]
         else:
             raise ValueError(f"tau2 {self.domain.name} split={split!r}; allowed: "
-                             f"{sorted(self.domain.splits) + ['all']}")
+                             f"{sorted(self.domain.splits) + ['all', 'eval']}")
         system = {"role": "system", "content": _AGENT_PROMPT.format(policy=self.domain.policy.strip())}
         return [Task(task_id=f"tau2/{self.domain.name}/{i}", messages=(system,),
                      metadata={"domain": self.domain.name, "tau2_id": i}) for i in ids]
@@ -59,6 +66,10 @@ class Tau2Environment:
             raise ValueError("Tau2Environment has no user_endpoint; pass a ChatEndpoint or use "
                              "tau2.user.ScriptedUser")
         return LLMUser(self.raw(task), self.user_endpoint)
+
+    def user_for(self, task: Task) -> UserResponder | None:
+        """The agent loop's hook: an LLM user per episode, or None without an endpoint."""
+        return None if self.user_endpoint is None else self.user(task)
 
     async def open(self, task: Task, user: UserResponder) -> Task:
         """`task` with the agent's greeting and the user's first message appended."""
