@@ -177,6 +177,24 @@ def test_communicate_info_matching_rules():
         == ("1234.5", "Refund")
 
 
+def test_benchmark_scoring_skips_completeness(dom):
+    """completeness=False scores like tau2-bench: skipping a lookup is fine if the DB matches."""
+    strict, bench = Tau2Env(dom), Tau2Env(dom, completeness=False)
+    tasks = {t.metadata["tau2_id"]: t for t in strict.tasks("all")}
+    gold = GoldCache(dom)
+    def writes(t):
+        return [a for a in gold_actions(t) if dom.functions[a["name"]].kind == "write"]
+
+    raw = next(t for t in dom.tasks if not _saying(t) and not gold(t).same_state(dom.fresh_db())
+               and gold(t).touched - dom.run(writes(t))[0].touched)
+    traj = _trajectory(raw["id"], writes(raw), [])
+    verdict = strict.check(tasks[raw["id"]], traj)
+    assert verdict.db_match and verdict.benchmark_passed
+    assert verdict.missing_entries and not verdict.passed  # read-only lookups were skipped
+    assert asyncio.run(strict.verify(tasks[raw["id"]], traj)) == 0.0
+    assert asyncio.run(bench.verify(tasks[raw["id"]], traj)) == 1.0
+
+
 def test_tasks_without_gold_changes_reject_any_write(dom):
     """Tasks whose gold path changes nothing (refusals, transfers): any successful write fails."""
     gold = GoldCache(dom)
@@ -289,8 +307,9 @@ def test_domain_tools_share_one_fresh_db_per_episode(shared_data):
         user = json.loads((await tools["get_user_details"]({"user_id": order["user_id"]})).observation)
         # a gift-card payment is refunded at once, rounded to cents
         assert user["payment_methods"][card]["balance"] == round(balance + order["payment_history"][0]["amount"], 2)
-        with pytest.raises(ToolError, match="Non-pending order cannot be cancelled"):
+        with pytest.raises(ToolError, match="^Non-pending order cannot be cancelled") as err:
             await tools["cancel_pending_order"]({"order_id": order_id, "reason": "ordered by mistake"})
+        assert not err.value.transient
 
     asyncio.run(episode())
     fresh = {t.spec.name: t for t in env.tools(task)}

@@ -95,8 +95,8 @@ class DomainTool:
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolResult:
         out = self._domain.apply(self.db, self.spec.name, arguments)
-        if not out.ok:
-            raise ToolError(out.observation)
+        if not out.ok:  # the executor adds its own "Error: tool ... failed:" prefix
+            raise ToolError(out.observation.removeprefix("Error: "))
         return ToolResult(observation=out.observation, cost=0.0, latency=0.0)
 
 

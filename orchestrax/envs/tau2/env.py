@@ -30,12 +30,15 @@ Act only on what the policy allows; ask for explicit confirmation before any cha
 
 class Tau2Env:
     """`domain`: a loaded Tau2Domain or its folder. Without `user_endpoint` there is no
-    simulated user (`user_for` returns None; tests use ScriptedUser)."""
+    simulated user (`user_for` returns None; tests use ScriptedUser). `completeness=False`
+    scores exactly as tau2-bench does (for reporting benchmark numbers); True adds the
+    ToolScale operation-completeness check (for training)."""
 
     def __init__(self, domain: Tau2Domain | str | pathlib.Path, *,
-                 user_endpoint: ChatEndpoint | None = None):
+                 user_endpoint: ChatEndpoint | None = None, completeness: bool = True):
         self.domain = domain if isinstance(domain, Tau2Domain) else load_domain(domain)
         self.user_endpoint = user_endpoint
+        self.completeness = completeness
         self._gold = GoldCache(self.domain)
         self._by_id = {t["id"]: t for t in self.domain.tasks}
 
@@ -88,4 +91,5 @@ class Tau2Env:
         return check(self.domain, self.raw(task), trajectory_calls(trajectory), texts, self._gold)
 
     async def verify(self, task: Task, trajectory: Trajectory) -> float:
-        return float(self.check(task, trajectory).passed)
+        verdict = self.check(task, trajectory)
+        return float(verdict.passed if self.completeness else verdict.benchmark_passed)
