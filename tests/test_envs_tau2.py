@@ -354,3 +354,78 @@ def test_airline_booking_semantics(shared_data):
     cancelled = json.loads(airline.apply(db, "cancel_reservation", {"reservation_id": "HATHAT"}).observation)
     assert cancelled["status"] == "cancelled"
     assert sum(p["amount"] for p in cancelled["payment_history"]) == 0
+
+
+def _random_args(dom, fn, rng):
+    """Arguments for `fn` drawn from real ids (mostly) and bad ones (sometimes), by field name."""
+    db = dom.base_db
+    users = list(db["users"])
+    user = db["users"][rng.choice(users)]
+
+    def pick(pool, bad):
+        return rng.choice(pool) if rng.random() < 0.85 else bad
+
+    if dom.name == "retail":
+        order_id = pick(list(db["orders"]), "#W0")
+        order = db["orders"].get(order_id) or next(iter(db["orders"].values()))
+        owner = db["users"][order["user_id"]]
+        items = [it["item_id"] for it in order["items"]]
+        variants = [v for it in order["items"] for v in db["products"][it["product_id"]]["variants"]]
+        pools = {"order_id": lambda: order_id, "user_id": lambda: pick(users, "nobody_1"),
+                 "product_id": lambda: pick(list(db["products"]), "0"),
+                 "payment_method_id": lambda: pick(list(owner["payment_methods"]), "gift_card_0"),
+                 "item_ids": lambda: rng.sample(items, rng.randint(1, len(items))) + ["0"] * (rng.random() < 0.2),
+                 "new_item_ids": lambda: [rng.choice(variants) for _ in items][:rng.randint(1, len(items))],
+                 "reason": lambda: rng.choice(["no longer needed", "ordered by mistake", "meh"]),
+                 "email": lambda: pick([user["email"]], "x@y.z"),
+                 "first_name": lambda: user["name"]["first_name"], "last_name": lambda: user["name"]["last_name"],
+                 "zip": lambda: pick([user["address"]["zip"]], "00000")}
+    else:
+        res_id = pick(list(db["reservations"]), "ZZZZZZ")
+        res = db["reservations"].get(res_id) or next(iter(db["reservations"].values()))
+        owner = db["users"][res["user_id"]]
+        flights = list(db["flights"])
+
+        def legs():
+            return [{"flight_number": pick(flights, "HAT999"), "date": f"2024-05-{rng.randint(10, 30)}"}
+                    for _ in range(rng.randint(1, 2))]
+
+        pools = {"reservation_id": lambda: res_id, "user_id": lambda: pick([res["user_id"]] + users, "nobody_1"),
+                 "payment_id": lambda: pick(list(owner["payment_methods"]), "gift_card_0"),
+                 "cabin": lambda: rng.choice(["basic_economy", "economy", "business"]),
+                 "flights": legs, "flight_number": lambda: pick(flights, "HAT999"),
+                 "date": lambda: f"2024-05-{rng.randint(10, 30)}",
+                 "passengers": lambda: res["passengers"][: rng.randint(0, len(res["passengers"]))] +
+                 [{"first_name": "A", "last_name": "B", "dob": "1990-01-01"}] * rng.randint(0, 1),
+                 "payment_methods": lambda: [{"payment_id": pid, "amount": rng.randint(0, 3000)}
+                                             for pid in rng.sample(list(owner["payment_methods"]), 1)],
+                 "amount": lambda: rng.randint(1, 500), "total_baggages": lambda: rng.randint(0, 5),
+                 "nonfree_baggages": lambda: rng.randint(0, 3),
+                 "origin": lambda: rng.choice(["JFK", "SFO"]), "destination": lambda: rng.choice(["LAX", "ORD"]),
+                 "flight_type": lambda: rng.choice(["one_way", "round_trip"]),
+                 "insurance": lambda: rng.choice(["yes", "no"])}
+    generic = {"expression": lambda: rng.choice(["2 + 2", "1 / 0", "3 * (4 - 1)"]), "summary": lambda: "help"}
+    address = {k: (lambda k=k: f"{k}-{rng.randint(0, 9)}") for k in ("address1", "address2", "city", "state", "country")}
+    pools = {**generic, **address, **pools}
+    return {k: pools[k]() for k in fn.parameters["properties"]}
+
+
+def test_random_actions_rejections_never_change_the_db(dom):
+    """Fuzz: a long random action stream. Replaying only its accepted actions gives the same DB
+    (so every rejected action changed nothing), and the shared base DB is never modified."""
+    import random
+
+    rng = random.Random(0)
+    base_hash = tau2.db_hash(dom.base_db)
+    names = sorted(dom.functions)
+    everything, accepted, n_ok = dom.fresh_db(), [], 0
+    for _ in range(800):
+        fn = dom.functions[rng.choice(names)]
+        action = {"name": fn.name, "arguments": _random_args(dom, fn, rng)}
+        if dom.apply(everything, action["name"], copy.deepcopy(action["arguments"])).ok:
+            accepted.append(action)
+            n_ok += fn.kind == "write"
+    only_ok = dom.run(accepted)[0]
+    assert only_ok.same_state(everything) and only_ok.hash() == everything.hash()
+    assert tau2.db_hash(dom.base_db) == base_hash
+    assert n_ok >= 40 and len(accepted) < 800  # the stream mixes accepted writes and rejections
