@@ -429,3 +429,40 @@ def test_random_actions_rejections_never_change_the_db(dom):
     assert only_ok.same_state(everything) and only_ok.hash() == everything.hash()
     assert tau2.db_hash(dom.base_db) == base_hash
     assert n_ok >= 40 and len(accepted) < 800  # the stream mixes accepted writes and rejections
+
+
+def test_retail_item_swap_pays_the_difference_from_a_gift_card(shared_data):
+    """modify_pending_order_items: one payment (or refund) of the summed price difference, the
+    gift card debited and rounded to cents, the items relabelled, status 'pending (item modified)'."""
+    retail = tau2.load_domain(shared_data / "tau2" / "retail")
+    db0 = retail.base_db
+    for order_id, order in db0["orders"].items():
+        if order["status"] != "pending":
+            continue
+        cards = [m for m in db0["users"][order["user_id"]]["payment_methods"].values()
+                 if m["source"] == "gift_card"]
+        item = order["items"][0]
+        other = [v for v in db0["products"][item["product_id"]]["variants"].values()
+                 if v["available"] and v["item_id"] != item["item_id"]
+                 and cards and v["price"] - item["price"] <= cards[0]["balance"]]
+        if cards and other:
+            break
+    card, new = cards[0], other[0]
+    db = retail.fresh_db()
+    out = retail.apply(db, "modify_pending_order_items", {
+        "order_id": order_id, "item_ids": [item["item_id"]], "new_item_ids": [new["item_id"]],
+        "payment_method_id": card["id"]})
+    assert out.ok, out.observation
+    diff = new["price"] - item["price"]
+    after = db.tables["orders"][order_id]
+    assert after["status"] == "pending (item modified)"
+    assert after["payment_history"][-1] == {"transaction_type": "payment" if diff > 0 else "refund",
+                                            "amount": abs(diff), "payment_method_id": card["id"]}
+    assert after["items"][0]["item_id"] == new["item_id"] and after["items"][0]["price"] == new["price"]
+    assert after["items"][0]["options"] == new["options"]
+    balance = db.tables["users"][order["user_id"]]["payment_methods"][card["id"]]["balance"]
+    assert balance == round(card["balance"] - diff, 2)
+    again = retail.apply(db, "modify_pending_order_items", {
+        "order_id": order_id, "item_ids": [new["item_id"]], "new_item_ids": [item["item_id"]],
+        "payment_method_id": card["id"]})
+    assert not again.ok and "Non-pending" in again.observation  # items change once per order
