@@ -1,9 +1,9 @@
 """tau2 domains as an `orchestrax.envs.base.Environment`.
 
-An episode: `task = await env.open(env.tasks("train")[i], user)` (needed: tau2 conversations
-start with the user, so the task's messages stop at the system prompt until then) adds the agent's greeting and
-the simulated user's first message, the agent loop runs with `env.tools(task)` (one fresh DB
-shared by all of that episode's tools) and `user`, then `await env.verify(task, trajectory)`.
+An episode: `task = await env.open(env.tasks("train")[i], user)` adds the agent's greeting and
+the simulated user's first message (tau2 conversations start with the user, so `tasks()` stops
+at the system prompt); the agent loop runs with `env.tools(task)` (one fresh DB shared by all
+of that episode's tools) and `user`; then `await env.verify(task, trajectory)`.
 """
 
 from __future__ import annotations
