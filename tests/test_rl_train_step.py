@@ -123,6 +123,15 @@ def test_bad_batch_names_the_problem(big_step):
         kl(fresh_state(), batch)
 
 
+def test_batch_not_divisible_by_data_parallel_degree_is_named():
+    from orchestrax import parallel
+    mesh = parallel.make_mesh(parallel.MeshConfig(axes=(("data", 2), ("fsdp", 4),
+                                                        ("tensor", 1))))
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(), OCFG, mesh)
+    with pytest.raises(ValueError, match="not divisible by the data-parallel degree 8"):
+        step(fresh_state(), make_batch(B=12))
+
+
 def test_schedule_warmup_then_cosine():
     f = rl.lr_schedule(rl.OptimizerConfig(lr=1.0, warmup_steps=10, schedule="cosine",
                                           total_steps=110, min_lr_ratio=0.1))

@@ -90,6 +90,19 @@ def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
         raise ValueError("GRPOConfig.kl_coef > 0 needs batch['ref_logprobs']")
 
 
+def _check_data_parallel(batch: Batch, gcfg: GRPOConfig, mesh: Mesh, rules) -> None:
+    spec = parallel.logical_to_spec(("batch",), rules, mesh)[0]
+    axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    n = 1
+    for a in axes:
+        n *= mesh.shape[a]
+    B = batch["tokens"].shape[0]
+    if B % n:
+        raise ValueError(f"batch size {B} is not divisible by the data-parallel degree {n} "
+                         f"(mesh axes {axes} of {dict(mesh.shape)}); pad the batch with "
+                         f"sample_mask = 0 rows")
+
+
 def _split(x: jax.Array, M: int, K: int, mesh: Mesh | None, rules: parallel.Rules) -> jax.Array:
     """[B, ...] -> [M, K, b, ...] with rows strided (row = i·M·K + m·K + k), so each micro-batch
     draws rows from every device's contiguous batch shard and stays split over the batch axes."""
@@ -222,6 +235,8 @@ def make_train_step(model_cfg: models.ModelConfig, grpo_cfg: GRPOConfig,
 
     def step(state: TrainState, batch: Batch):
         _check_batch(batch, grpo_cfg)
+        if mesh is not None:
+            _check_data_parallel(batch, grpo_cfg, mesh, rules)
         key = tuple(sorted(batch))
         if key not in cache:
             if mesh is None:
