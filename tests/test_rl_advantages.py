@@ -65,7 +65,7 @@ def test_matches_numpy_reference(seed, shape, estimator, ddof, clip, masked):
     mask = rng.random(shape) > 0.25 if masked else None
     A = rl.compute_advantages(R, estimator, eps=1e-6, ddof=ddof, clip=clip, mask=mask)
     np.testing.assert_allclose(np.asarray(A), np_advantages(R, estimator, 1e-6, ddof, clip, mask),
-                               atol=1e-5, rtol=1e-5)
+                               atol=1e-6, rtol=1e-6)
 
 
 def test_unknown_estimator_names_allowed():
