@@ -95,7 +95,9 @@ def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantage
         pg = jnp.where(A < 0, jnp.minimum(pg, -A * dual_clip), pg)
     metrics: Metrics = {}
     if sampler_logprobs is not None:
-        gap = jnp.abs(_sg(logprobs) - sampler_logprobs) * m
+        # Trainer (behaviour params, = old_logprobs when recomputed) vs sampler on the same
+        # tokens: the train/inference mismatch, independent of how far the update has moved.
+        gap = jnp.abs(old_logprobs - sampler_logprobs) * m
         metrics["sampler_gap"] = jnp.sum(gap * metric_weights)
         metrics["sampler_gap_max"] = jnp.max(gap)
         if tis_cap is not None:
