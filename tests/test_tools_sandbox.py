@@ -87,6 +87,7 @@ def test_fork_bomb_is_contained_and_leaves_no_process_behind():
 def test_ten_gigabyte_allocation_fails_inside():
     r = run("x = bytearray(10 * 2**30)\nprint('allocated')")
     assert "MemoryError" in r.stderr and "allocated" not in r.stdout
+    assert live_sandbox_pids() == []
 
 
 def test_writes_outside_the_tmpfs_do_not_reach_the_host(tmp_path):
@@ -96,18 +97,27 @@ def test_writes_outside_the_tmpfs_do_not_reach_the_host(tmp_path):
     code = "\n".join(
         f"try:\n    open({str(t)!r}, 'w').write('pwned'); print('wrote', {str(t)!r})\n"
         f"except OSError as e:\n    print('blocked', type(e).__name__)" for t in targets)
+    # the sandbox's own root and /dev are unbounded tmpfs mounts: they must be read-only too
+    code += "\n" + "\n".join(
+        f"try:\n    open({p!r}, 'w').write('x'); print('wrote', {p!r})\n"
+        f"except OSError as e:\n    print('blocked', e.errno)" for p in ("/x", "/dev/x"))
     r = run(code)
     # /tmp inside is the sandbox's own tmpfs: that write succeeds there and vanishes with it
     assert f"wrote /tmp/{canary}" in r.stdout
-    assert r.stdout.count("blocked") == 3
+    assert r.stdout.count("blocked") == 5, r.stdout
     for t in targets:
         assert not t.exists(), t
 
 
 def test_tmpfs_is_size_limited():
     cfg = SandboxConfig(tmpfs_bytes=1 << 20, file_size_bytes=64 << 20)
-    r = run("open('/tmp/big', 'wb').write(b'x' * (8 << 20))", cfg)
-    assert "No space left" in r.stderr
+    code = ("for p in ['/tmp/big', '/dev/shm/big']:\n"
+            "    try:\n"
+            "        open(p, 'wb').write(b'x' * (8 << 20)); print('wrote', p)\n"
+            "    except OSError as e:\n"
+            "        print(p, e.strerror)\n")
+    r = run(code, cfg)
+    assert r.stdout.count("No space left") == 2, r.stdout
 
 
 def test_cannot_read_shadow_the_repo_or_the_host_environment(monkeypatch):

@@ -38,7 +38,7 @@ class SandboxConfig:
     cpu_seconds: int = 10
     address_space_bytes: int = 1 << 30     # raise to >= 1.5 GiB if numpy/jax are bound in
     file_size_bytes: int = 16 << 20
-    tmpfs_bytes: int = 64 << 20
+    tmpfs_bytes: int = 64 << 20            # each of /tmp and /dev/shm
     open_files: int = 64
     processes: int = 32                    # per host uid slot; contains fork bombs
     output_bytes: int = 16 << 10           # per stream, before the truncation marker
@@ -135,13 +135,16 @@ def _bwrap_argv(config: SandboxConfig) -> list[str]:
             argv += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(config.tmpfs_bytes),
-             "--tmpfs", "/tmp"]
+    # bwrap's own root and /dev are unbounded tmpfs mounts (half the host's RAM each): make them
+    # read-only so the only writable space is the size-capped /tmp and /dev/shm
+    size = str(config.tmpfs_bytes)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp"]
     # after the tmpfs, so an interpreter that lives under /tmp is not hidden by it
     for path in (config.python, *config.extra_ro_binds):
         if not any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS):
             argv += ["--ro-bind", path, path]
-    return argv + ["--chdir", "/tmp"]
+    return argv + ["--remount-ro", "/", "--chdir", "/tmp"]
 
 
 def build_argv(config: SandboxConfig) -> list[str]:
