@@ -158,9 +158,11 @@ def gpu_mfu(no_record: bool) -> None:
                 times.append(time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - out of memory: try the next size down
             print(f"{name}: does not fit ({type(e).__name__}); trying smaller")
+            params = state = None                      # free this attempt before the next
             continue
         t = statistics.median(times)
-        util = rl.mfu(models.num_params(cfg), B * T, t, rl.peak_flops(chip)) if chip else float("nan")
+        n = models.num_params(cfg)
+        util = rl.mfu(n, B * T, t, rl.peak_flops(chip)) if chip else float("nan")
         line = (f"train_step (GPU {kind}, bf16 compute, fp32 params, remat full): {name} B={B} "
                 f"T={T}: {B * T / t:,.0f} tok/s, MFU {util:.1%} (command: python "
                 f"bench/train_step.py)")

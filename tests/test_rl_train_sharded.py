@@ -4,7 +4,6 @@ Marked slow: two step compiles take ~30 s of CPU, over a minute of wall time on 
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
