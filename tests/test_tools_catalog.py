@@ -156,3 +156,14 @@ def test_applied_configuration_reprices_copies_only(catalog):
     # the repriced python tool still runs and bills with its new price
     res = asyncio.run(tools["python"]({"code": "print(1)"}))
     assert res.cost == pytest.approx(sheet.tools["python"].usd_per_second * res.latency)
+
+
+def test_catalog_inside_an_event_loop_needs_a_prebuilt_index(shared_data):
+    cfg = CatalogConfig(python=None, web=None, search=SearchIndexConfig(
+        corpus_path=str(shared_data / "corpus" / "wiki_summaries_en.json"), backend="bm25"))
+
+    async def inside():
+        build_catalog(cfg)
+
+    with pytest.raises(RuntimeError, match="search_index="):
+        asyncio.run(inside())

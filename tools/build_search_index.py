@@ -17,7 +17,8 @@ from orchestrax.tools.search_index import SearchIndexConfig, build_index, defaul
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--backend", choices=["dense", "bm25"], default="dense")
     ap.add_argument("--embedder", choices=["minilm", "openai"], default="minilm")

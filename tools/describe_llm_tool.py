@@ -26,7 +26,8 @@ from orchestrax.tools.specs import spec_to_json
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", required=True, help="QA JSONL with problem|question and answer")
     ap.add_argument("--name", required=True, help="the tool's name in the catalog")
     ap.add_argument("--role", choices=sorted(ROLES), default="generalist")

@@ -6,6 +6,7 @@ key); tools whose configuration is broken raise (a sandbox without bwrap, an unk
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 
@@ -37,7 +38,8 @@ class CatalogConfig:
             raise ValueError(f"CatalogConfig.llms: duplicate tool names {dupes}")
 
 
-def build_catalog(config: CatalogConfig, *, search_index: SearchIndex | None = None) -> dict[str, Tool]:
+def build_catalog(config: CatalogConfig, *,
+                  search_index: SearchIndex | None = None) -> dict[str, Tool]:
     """Call outside a running event loop, or pass a prebuilt `search_index`."""
     sheet = load_sheet(config.sheet)
     tools: dict[str, Tool] = {}
@@ -45,7 +47,13 @@ def build_catalog(config: CatalogConfig, *, search_index: SearchIndex | None = N
         tools["python"] = python_tool.PythonTool(
             config.python, pricing=sheet.tool_pricing("python", python_tool.DEFAULT_PRICING))
     if search_index is None and config.search is not None:
-        search_index = build_index(config.search)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            search_index = build_index(config.search)
+        else:
+            raise RuntimeError("build_catalog cannot build the search index inside a running event "
+                               "loop; pass search_index=await build_index_async(config.search)")
     if search_index is not None:
         tools["local_search"] = local_search.LocalSearchTool(
             search_index, pricing=sheet.tool_pricing("local_search", local_search.DEFAULT_PRICING))

@@ -59,7 +59,8 @@ async def chat(config: ChatConfig, messages: list[dict[str, Any]], *,
     if config.api_key_env:
         key = os.environ.get(config.api_key_env)
         if not key:
-            raise ToolError(f"LLM endpoint {config.base_url} needs an API key in ${config.api_key_env}")
+            raise ToolError(f"LLM endpoint {config.base_url} needs an API key in "
+                            f"${config.api_key_env}")
         headers["Authorization"] = f"Bearer {key}"
     url = config.base_url.rstrip("/") + "/v1/chat/completions"
     t0 = time.monotonic()

@@ -107,8 +107,9 @@ async def describe_tool(tool: Tool, describer: ChatConfig, tasks: Sequence[tuple
         raise ValueError(f"n={n}; must be in [1, {len(tasks)}] (the number of tasks given)")
     sample = random.Random(seed).sample(list(tasks), n)
     attempts = await run_attempts(tool, sample, grade)
+    prompt = describer_prompt(tool.spec.name, attempts)
     reply = await chat(describer, [{"role": "system", "content": DESCRIBER_SYSTEM},
-                                   {"role": "user", "content": describer_prompt(tool.spec.name, attempts)}])
+                                   {"role": "user", "content": prompt}])
     if not reply.text:
         raise ToolError("the describer model returned an empty description")
     return reply.text, attempts

@@ -114,8 +114,10 @@ class OpenAIEmbedder:
                             "input": list(texts[i:i + self.config.batch_size])}
                     async with session.post(url, json=body, headers=headers) as resp:
                         if resp.status >= 400:
-                            raise ToolError(f"embeddings endpoint {url} answered HTTP {resp.status}: "
-                                            f"{(await resp.text())[:200]}", transient=resp.status >= 500)
+                            raise ToolError(
+                                f"embeddings endpoint {url} answered HTTP {resp.status}: "
+                                f"{(await resp.text())[:200]}",
+                                transient=resp.status == 429 or resp.status >= 500)
                         data = await resp.json()
                     items = sorted(data["data"], key=lambda d: d["index"])
                     rows.extend(d["embedding"] for d in items)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import logging
 import os
+import pathlib
 import shutil
 import signal
 import time
@@ -120,14 +122,16 @@ def _prlimit_argv(config: SandboxConfig) -> list[str]:
         # RLIMIT_NPROC counts every process of the (shared) host uid, not just the sandbox's
         nproc += _processes_of(os.geteuid())
     # soft limit sends SIGXCPU, the hard one a second later SIGKILL
-    return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={config.address_space_bytes}",
+    # absolute paths: the child's PATH is /usr/bin:/bin, the caller's may differ
+    return [shutil.which("prlimit"), f"--cpu={cpu}:{cpu + 1}", f"--as={config.address_space_bytes}",
             f"--fsize={config.file_size_bytes}", f"--nofile={config.open_files}",
             f"--nproc={nproc}", "--core=0", "--"]
 
 
-def _bwrap_argv(config: SandboxConfig) -> list[str]:
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-            "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv",
+def _bwrap_argv(config: SandboxConfig, info_fd: int | None) -> list[str]:
+    argv = [shutil.which("bwrap"), *(["--info-fd", str(info_fd)] if info_fd is not None else []),
+            "--unshare-all", "--unshare-user", "--uid", "65534",
+            "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     for d in _SYSTEM_DIRS:
@@ -147,12 +151,13 @@ def _bwrap_argv(config: SandboxConfig) -> list[str]:
     return argv + ["--remount-ro", "/", "--chdir", "/tmp"]
 
 
-def build_argv(config: SandboxConfig) -> list[str]:
-    """The full command line; the code itself goes to the interpreter's stdin."""
+def build_argv(config: SandboxConfig, info_fd: int | None = None) -> list[str]:
+    """The full command line; the code itself goes to the interpreter's stdin. bwrap writes
+    {"child-pid": host pid of the namespace's init} to `info_fd`."""
     py = [config.python, "-I", "-"]
     if config.mode == "none":
         return _prlimit_argv(config) + py
-    return _prlimit_argv(config) + _bwrap_argv(config) + py
+    return _prlimit_argv(config) + _bwrap_argv(config, info_fd) + py
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> str:
@@ -174,26 +179,84 @@ def _host_ids(config: SandboxConfig) -> dict:
 
 
 def _kill_group(pid: int) -> None:
-    # the whole group: bwrap's pid-namespace init dies with it and takes every descendant along
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
 
+def _start_time(pid: int) -> str | None:
+    """Start time (clock ticks, /proc/pid/stat field 22) of a live process; None once it is gone
+    or a zombie. Pairs with the pid so a recycled pid is never mistaken for ours."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+async def _namespace_init(fd: int, timeout: float) -> tuple[int, str] | None:
+    """(pid, start time) of the sandbox's pid-namespace init, from bwrap's --info-fd JSON."""
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    data = b""
+    try:
+        async with asyncio.timeout(timeout):
+            while b"}" not in data and (chunk := await reader.read(4096)):
+                data += chunk
+        pid = int(json.loads(data)["child-pid"])
+    except (TimeoutError, ValueError, KeyError):
+        return None  # bwrap failed before starting the child; its stderr says why
+    finally:
+        transport.close()
+    start = _start_time(pid)
+    return (pid, start) if start is not None else None
+
+
+async def _kill_namespace(init: tuple[int, str]) -> None:
+    """SIGKILL the namespace's init; the kernel then kills every process in the namespace and
+    init only turns zombie once they are all reaped, so waiting for that means none is left."""
+    pid, start = init
+    if _start_time(pid) != start:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for _ in range(1000):
+        if _start_time(pid) != start:
+            return
+        await asyncio.sleep(0.005)
+    log.warning("sandbox namespace init %d still alive 5 s after SIGKILL", pid)
+
+
 async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
     """Run `code` with the sandbox's interpreter; never raises for anything the code does.
-    Cancelling the call (an executor's timeout) kills the run too."""
+    When it returns (or is cancelled: an executor's timeout) no process of the run is alive."""
     check_available(config)
     t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *build_argv(config), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": "/usr/bin:/bin"},
-        cwd="/", **_host_ids(config))
+    info_r, info_w = os.pipe() if config.mode == "bwrap" else (None, None)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *build_argv(config, info_w), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, process_group=0,
+            env={"PATH": "/usr/bin:/bin"}, cwd="/",
+            pass_fds=(info_w,) if info_w is not None else (), **_host_ids(config))
+    except BaseException:
+        if info_r is not None:
+            os.close(info_r)
+        raise
+    finally:
+        if info_w is not None:
+            os.close(info_w)
     readers = asyncio.gather(_read_capped(proc.stdout, config.output_bytes),
                              _read_capped(proc.stderr, config.output_bytes))
-    timed_out = False
+    init, timed_out = None, False
     try:
+        if info_r is not None:
+            init = await _namespace_init(info_r, config.wall_timeout_s)
         try:
             proc.stdin.write(code.encode())
             await proc.stdin.drain()
@@ -207,6 +270,8 @@ async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
             timed_out = True
     finally:
         _kill_group(proc.pid)
+        if init is not None:
+            await _kill_namespace(init)
         if proc.returncode is None:
             await asyncio.shield(proc.wait())
     try:

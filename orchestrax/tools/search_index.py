@@ -99,7 +99,8 @@ class SearchIndex:
 
     def __init__(self, passages: list[Passage], *, bm25: BM25 | None = None,
                  faiss_index: Any = None, embedder: Embedder | None = None, path: str = ""):
-        self.passages, self.bm25, self.faiss_index, self.embedder = passages, bm25, faiss_index, embedder
+        self.passages, self.bm25 = passages, bm25
+        self.faiss_index, self.embedder = faiss_index, embedder
         self.path = path
 
     async def search(self, query: str, k: int = 5) -> list[tuple[Passage, float]]:
@@ -112,7 +113,8 @@ class SearchIndex:
         return [(self.passages[i], s) for i, s in hits]
 
 
-async def _embed_all(embedder: Embedder, texts: Sequence[str], batch: int, progress: bool) -> np.ndarray:
+async def _embed_all(embedder: Embedder, texts: Sequence[str], batch: int,
+                     progress: bool) -> np.ndarray:
     from tqdm import tqdm
 
     # sorting by length keeps each batch's padding small; rows go back to corpus order after

@@ -28,7 +28,8 @@ def pricing_to_json(pricing: Pricing) -> dict[str, Any]:
 def pricing_from_json(data: dict[str, Any]) -> Pricing:
     unknown = set(data) - set(_PRICING_FIELDS)
     if unknown:
-        raise ValueError(f"pricing has unknown fields {sorted(unknown)}; allowed: {list(_PRICING_FIELDS)}")
+        raise ValueError(f"pricing has unknown fields {sorted(unknown)}; "
+                         f"allowed: {list(_PRICING_FIELDS)}")
     for key, value in data.items():
         if key != "kind" and (not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"pricing.{key}={value!r}; must be a number >= 0")
@@ -45,7 +46,8 @@ def spec_from_json(data: dict[str, Any]) -> ToolSpec:
     """Inverse of `spec_to_json`; names the offending field on bad input."""
     unknown = set(data) - set(_SPEC_FIELDS)
     if unknown:
-        raise ValueError(f"tool spec has unknown fields {sorted(unknown)}; allowed: {list(_SPEC_FIELDS)}")
+        raise ValueError(f"tool spec has unknown fields {sorted(unknown)}; "
+                         f"allowed: {list(_SPEC_FIELDS)}")
     for key in ("name", "description", "parameters"):
         if key not in data:
             raise ValueError(f"tool spec is missing the field {key!r}")
@@ -76,7 +78,8 @@ def check_arguments(spec: ToolSpec, arguments: Any) -> dict[str, Any]:
     """Validate a call's arguments; a violation is a non-transient `ToolError` naming the field,
     which the executor shows to the policy as the observation."""
     if not isinstance(arguments, dict):
-        raise ToolError(f"{spec.name}: arguments must be a JSON object, got {type(arguments).__name__}")
+        raise ToolError(f"{spec.name}: arguments must be a JSON object, "
+                        f"got {type(arguments).__name__}")
     error = jsonschema.exceptions.best_match(
         jsonschema.Draft202012Validator(spec.parameters).iter_errors(arguments))
     if error is not None:
