@@ -180,3 +180,13 @@ def test_openai_embeddings_client_against_a_loopback_server(minilm):
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert [m for m, _ in seen] == ["test-embed", "test-embed"]
     assert err.transient and "unreachable" in str(err)
+
+
+def test_embedding_leaves_torch_thread_count_alone(minilm):
+    import torch
+
+    before = torch.get_num_threads()
+    vecs = asyncio.run(minilm.embed(["a", "b c"]))
+    assert torch.get_num_threads() == before
+    assert vecs.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, rtol=1e-5)

@@ -73,19 +73,24 @@ class MiniLMEmbedder:
         self.model = AutoModel.from_pretrained(path).eval()
         self.key = embedder_key(config)
         self._torch = torch
-        torch.set_num_threads(config.torch_threads)
 
     def embed_sync(self, texts: Sequence[str]) -> np.ndarray:
         torch = self._torch
         out = []
-        for i in range(0, len(texts), self.config.batch_size):
-            batch = self.tokenizer(list(texts[i:i + self.config.batch_size]), padding=True,
-                                   truncation=True, max_length=self.config.max_length,
-                                   return_tensors="pt")
-            with torch.inference_mode():
-                h_BTD = self.model(**batch).last_hidden_state
-            m_BT1 = batch["attention_mask"].unsqueeze(-1).to(h_BTD.dtype)
-            out.append(((h_BTD * m_BT1).sum(1) / m_BT1.sum(1).clamp(min=1e-9)).numpy())
+        # torch's thread count is process-wide: set it for this call only, then give it back
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.config.torch_threads)
+        try:
+            for i in range(0, len(texts), self.config.batch_size):
+                batch = self.tokenizer(list(texts[i:i + self.config.batch_size]), padding=True,
+                                       truncation=True, max_length=self.config.max_length,
+                                       return_tensors="pt")
+                with torch.inference_mode():
+                    h_BTD = self.model(**batch).last_hidden_state
+                m_BT1 = batch["attention_mask"].unsqueeze(-1).to(h_BTD.dtype)
+                out.append(((h_BTD * m_BT1).sum(1) / m_BT1.sum(1).clamp(min=1e-9)).numpy())
+        finally:
+            torch.set_num_threads(previous)
         return _normalise(np.concatenate(out)) if out else np.zeros((0, 0), np.float32)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
