@@ -190,3 +190,21 @@ def test_embedding_leaves_torch_thread_count_alone(minilm):
     assert torch.get_num_threads() == before
     assert vecs.shape == (2, 384)
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, rtol=1e-5)
+
+
+def test_a_failed_build_leaves_no_cache_behind(corpus_path, passages, tmp_path):
+    class DiesMidway:  # a dead embeddings server after the first batch
+        key = "openai:http://127.0.0.1:9:dead"
+        calls = 0
+
+        async def embed(self, texts):
+            DiesMidway.calls += 1
+            if DiesMidway.calls > 1:
+                raise ToolError("embeddings endpoint unreachable", transient=True)
+            return np.eye(len(texts), 8, dtype=np.float32)
+
+    cfg = SearchIndexConfig(corpus_path=corpus_path, cache_dir=str(tmp_path),
+                            titles=tuple(p.title for p in passages[:80]))
+    with pytest.raises(ToolError):
+        asyncio.run(build_index_async(cfg, progress=False, embedder=DiesMidway()))
+    assert list((tmp_path / "search").iterdir()) == []

@@ -144,33 +144,44 @@ async def build_index_async(config: SearchIndexConfig, *, progress: bool = True,
             raise ValueError(f"SearchIndexConfig.titles: {len(missing)} not in the corpus, "
                              f"e.g. {sorted(missing)[:3]}")
         passages = [p for p in passages if p.title in wanted]
-    if config.backend == "dense" and embedder is None:
+    if not passages:
+        raise ValueError(f"SearchIndexConfig.corpus_path={config.corpus_path!r}: "
+                         "no passages to index")
+    dense = config.backend == "dense"
+    if dense and embedder is None:
         embedder = make_embedder(config.embedder)
-    key = _cache_key(config, embedder.key if embedder else "bm25")
-    root = pathlib.Path(config.cache_dir) / "search" / key
-    name = "index.faiss" if config.backend == "dense" else "bm25.json"
+    space = embedder.key if dense else "bm25"
+    root = pathlib.Path(config.cache_dir) / "search" / _cache_key(config, space)
+    name = "index.faiss" if dense else "bm25.json"
     if not (root / name).is_file():
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = pathlib.Path(tempfile.mkdtemp(dir=root.parent, prefix=".building-"))
-        texts = [passage_text(p) for p in passages]
-        if config.backend == "dense":
-            x_ND = await _embed_all(embedder, texts, config.embedder.batch_size, progress)
-            flat = faiss.IndexFlatIP(x_ND.shape[1])
-            flat.add(x_ND)
-            faiss.write_index(flat, str(tmp / name))
-        else:
-            BM25.build(texts).save(tmp / name)
-        (tmp / "meta.json").write_text(json.dumps(
-            {"corpus_path": config.corpus_path, "backend": config.backend,
-             "embedder": embedder.key if embedder else None, "passages": len(passages)}))
+        try:
+            texts = [passage_text(p) for p in passages]
+            if dense:
+                x_ND = await _embed_all(embedder, texts, config.embedder.batch_size, progress)
+                flat = faiss.IndexFlatIP(x_ND.shape[1])
+                flat.add(x_ND)
+                faiss.write_index(flat, str(tmp / name))
+            else:
+                BM25.build(texts).save(tmp / name)
+            (tmp / "meta.json").write_text(json.dumps(
+                {"corpus_path": config.corpus_path, "backend": config.backend,
+                 "embedder": space, "passages": len(passages)}))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         try:
             tmp.rename(root)  # atomic: a concurrent builder either wins or finds it built
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-    if config.backend == "dense":
+    if dense:
         faiss.omp_set_num_threads(config.faiss_threads)
-        return SearchIndex(passages, faiss_index=faiss.read_index(str(root / name)),
-                           embedder=embedder, path=str(root))
+        flat = faiss.read_index(str(root / name))
+        if flat.ntotal != len(passages):
+            raise ValueError(f"cached index {root} holds {flat.ntotal} vectors for "
+                             f"{len(passages)} passages; delete it to rebuild")
+        return SearchIndex(passages, faiss_index=flat, embedder=embedder, path=str(root))
     return SearchIndex(passages, bm25=BM25.load(root / name), path=str(root))
 
 
