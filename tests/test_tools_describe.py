@@ -100,3 +100,34 @@ def test_grader_and_task_loading(tmp_path, shared_data):
     prompt = describer_prompt("t", [Attempt(task="x", answer="y", output="z" * 2000, correct=False,
                                             cost=0.0, latency=0.0)])
     assert "Attempt 1: WRONG" in prompt and "z" * 800 + " ..." in prompt and "z" * 801 not in prompt
+
+
+def test_describe_against_the_orchestrax_serve_command(tmp_path, shared_data):
+    """The real `orchestrax serve --tiny` process plays both the tool model and the describer:
+    a random tiny model writes nonsense, but every byte crosses real HTTP and the real CLI."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrax.cli", "serve", "--tiny",
+                             "--port", "0", "--max-len", "4096", "--max-batch", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = None
+        for line in proc.stdout:  # the server prints this line once it is listening
+            if "listening on" in line:
+                url = line.split("listening on ")[1].strip()
+                break
+        assert url, "orchestrax serve did not start"
+        out_path = tmp_path / "tiny.json"
+        out = load_script().main([
+            "--tasks", str(shared_data / "qa" / "aime_2024_2025.jsonl"), "--name", "tiny_math",
+            "--role", "math", "--tool-url", url, "--tool-model", "orchestrax",
+            "--price-model", "qwen2.5-math-72b", "--describer-url", url,
+            "--describer-model", "orchestrax", "--max-tokens", "16", "--temperature", "1.0",
+            "--n", "3", "--out", str(out_path)])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert len(out["attempts"]) == 3 and out["spec"]["description"]
+    assert all(a["cost"] > 0 and not a["output"].startswith("[tool error]") for a in out["attempts"])
+    assert spec_from_json(json.loads(out_path.read_text())["spec"]).name == "tiny_math"

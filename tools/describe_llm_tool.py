@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--describer-model", required=True)
     ap.add_argument("--describer-key-env", default=None)
     ap.add_argument("--max-tokens", type=int, default=2048)
+    ap.add_argument("--temperature", type=float, default=0.0, help="both models")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
@@ -48,10 +49,12 @@ def main(argv: list[str] | None = None) -> dict:
     config = LLMToolConfig(
         name=args.name, role=args.role, price_model=args.price_model,
         chat=ChatConfig(base_url=args.tool_url, model=args.tool_model, api_key_env=args.tool_key_env,
-                        max_tokens=args.max_tokens))
+                        max_tokens=args.max_tokens, temperature=args.temperature,
+                        seed=args.seed))
     tool = LLMTool(config, load_sheet(args.sheet).model_pricing(config.pricing_key))
     describer = ChatConfig(base_url=args.describer_url, model=args.describer_model,
-                           api_key_env=args.describer_key_env, max_tokens=512)
+                           api_key_env=args.describer_key_env, max_tokens=512,
+                           temperature=args.temperature, seed=args.seed)
     description, attempts = asyncio.run(
         describe_tool(tool, describer, load_tasks(args.tasks), n=args.n, seed=args.seed))
     out = {"spec": {**spec_to_json(tool.spec), "description": description},
