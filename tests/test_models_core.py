@@ -63,6 +63,11 @@ def test_kv_cache_decoding_matches_full_forward():
     logits, cache = models.jit_forward_with_cache(cfg, params, jnp.asarray(ids[:, :prompt]),
                                                   jnp.asarray(mask[:, :prompt]), cache)
     steps = [np.asarray(logits)]
+    last, _ = models.jit_forward_with_cache(cfg, params, jnp.asarray(ids[:, :prompt]),
+                                            jnp.asarray(mask[:, :prompt]),
+                                            models.init_cache(cfg, batch=2, max_len=16),
+                                            last_only=True)
+    np.testing.assert_allclose(np.asarray(last)[:, 0], steps[0][:, -1], atol=1e-6, rtol=0)
     for t in range(prompt, ids.shape[1]):
         logits, cache = models.jit_forward_with_cache(cfg, params, jnp.asarray(ids[:, t:t + 1]),
                                                       jnp.ones((2, 1), jnp.int32), cache)

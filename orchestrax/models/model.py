@@ -199,9 +199,11 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = N
 
 
 def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
-                       attention_mask_BT: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+                       attention_mask_BT: jax.Array, cache: Cache, *,
+                       last_only: bool = False) -> tuple[jax.Array, Cache]:
     """Append T tokens at slot `cache["index"]` (prefill: T = prompt length, left padded;
-    decode: T = 1) and return their logits and the updated cache."""
+    decode: T = 1) and return their logits and the updated cache. `last_only` returns logits
+    for the last position only ([B, 1, V]): a long prefill then never materialises [B, T, V]."""
     b, t = input_ids_BT.shape
     s = cache["mask"].shape[1]
     index = cache["index"]
@@ -215,12 +217,15 @@ def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array
     mask_BTS = kv_mask_BS[:, None, :] & (slot_S[None, :] <= query_slot_T[:, None])[None]
     x, (k, v) = _layers(cfg, params, _embed(cfg, params, input_ids_BT), positions_BT, mask_BTS,
                         cache)
+    if last_only:
+        x = x[:, -1:]
     logits = lm_logits(cfg, params, rms_norm(x, params["final_norm"], cfg.rms_norm_eps))
     return logits, {"k": k, "v": v, "mask": kv_mask_BS, "index": index + t}
 
 
 jit_forward = jax.jit(forward, static_argnums=0)
-jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4)
+jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4,
+                                 static_argnames="last_only")
 __all__ = ["init_params", "forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
            "forward_with_cache", "positions_from_mask", "jit_forward", "jit_forward_with_cache",
            "rms_norm", "rope", "attention"]

@@ -50,8 +50,9 @@ def generate_batch(cfg: models.ModelConfig, params: Any, prompt_BT: jax.Array, m
     sample = functools.partial(sample_next, temperature_B=temperature_B, top_k_B=top_k_B,
                                top_p_B=top_p_B, seeds_B=seeds_B)
     cache = models.init_cache(cfg, b, t + max_new)
-    logits_BTV, cache = models.forward_with_cache(cfg, params, prompt_BT, mask_BT, cache)
-    token_B, logprob_B = sample(logits_BTV[:, -1], step=jnp.int32(0))
+    logits_B1V, cache = models.forward_with_cache(cfg, params, prompt_BT, mask_BT, cache,
+                                                  last_only=True)
+    token_B, logprob_B = sample(logits_B1V[:, -1], step=jnp.int32(0))
     carry = _Carry(step=jnp.int32(0), cache=cache, token_B=token_B, logprob_B=logprob_B,
                    tokens_BN=jnp.zeros((b, max_new), jnp.int32),
                    logprobs_BN=jnp.zeros((b, max_new), jnp.float32),
