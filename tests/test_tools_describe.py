@@ -9,6 +9,7 @@ import pathlib
 
 import pytest
 from aiohttp import web
+from loopback import serve_app
 
 from orchestrax.tools.describe import Attempt, contains_answer, describer_prompt, load_tasks
 from orchestrax.tools.specs import spec_from_json
@@ -38,14 +39,8 @@ async def server(answer_fn):
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, seen
 
 
 def test_describe_llm_tool_end_to_end(tmp_path):

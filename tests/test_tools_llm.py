@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 from aiohttp import web
+from loopback import serve_app
 
 from orchestrax.tools.base import Pricing, ToolError
 from orchestrax.tools.chat_client import ChatConfig
@@ -36,14 +37,8 @@ async def openai_server(reply: str | None = None, status: int = 200, usage=(11, 
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, seen
 
 
 def tool_for(url, role="generalist", **kw):
@@ -151,14 +146,8 @@ def test_dead_server_malformed_body_and_bad_arguments():
             return web.json_response({"choices": [{"message": {"content": "hi"}}]})
 
         app.router.add_post("/v1/chat/completions", h)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            await tool_for(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")({"query": "q"})
-        finally:
-            await runner.cleanup()
+        async with serve_app(app) as url:
+            await tool_for(url)({"query": "q"})
 
     with pytest.raises(ToolError, match="unexpected body") as err:
         asyncio.run(no_usage())

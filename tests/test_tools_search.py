@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 from aiohttp import web
+from loopback import serve_app
 
 from orchestrax.tools.base import ToolError
 from orchestrax.tools.embed import EmbedderConfig, MiniLMEmbedder, OpenAIEmbedder
@@ -158,13 +159,8 @@ def test_openai_embeddings_client_against_a_loopback_server(minilm):
     async def scenario():
         app = web.Application()
         app.router.add_post("/v1/embeddings", embeddings)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            client = OpenAIEmbedder(EmbedderConfig(kind="openai", base_url=f"http://127.0.0.1:{port}",
+        async with serve_app(app) as url:
+            client = OpenAIEmbedder(EmbedderConfig(kind="openai", base_url=url,
                                                    model="test-embed", batch_size=2))
             got = await client.embed(["a cat", "a dog", "quantum field theory"])
             dead = OpenAIEmbedder(EmbedderConfig(kind="openai", base_url="http://127.0.0.1:9",
@@ -172,8 +168,6 @@ def test_openai_embeddings_client_against_a_loopback_server(minilm):
             with pytest.raises(ToolError) as err:
                 await dead.embed(["x"])
             return got, err.value
-        finally:
-            await runner.cleanup()
 
     got, err = asyncio.run(scenario())
     want = asyncio.run(minilm.embed(["a cat", "a dog", "quantum field theory"]))

@@ -5,6 +5,7 @@ import contextlib
 
 import pytest
 from aiohttp import web
+from loopback import serve_app
 
 from orchestrax.tools.base import ToolError
 from orchestrax.tools.web_search import USD_PER_CREDIT, WebSearchConfig, WebSearchTool
@@ -30,14 +31,8 @@ async def tavily_server(status: int = 200):
 
     app = web.Application()
     app.router.add_post("/search", search)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, seen
 
 
 def test_search_formats_results_and_bills_per_credit(monkeypatch):
