@@ -29,7 +29,10 @@ def config() -> TrainConfig:
                               max_turns=50, context_tokens=24_000, enable_thinking=True,
                               max_in_flight=1024, weight_sync_dir="/tmp/orchestrax_weights"),
         env="tau2",
-        env_kwargs=(("domain", "../shared/data/tau2/retail"),),
+        # tau2 episodes need a simulated user: any OpenAI-compatible endpoint (a Qwen3-32B served
+        # by SGLang on another node, or a hosted model with its key in the named env variable).
+        env_kwargs=(("domain", "../shared/data/tau2/retail"),
+                    ("user_url", "http://127.0.0.1:31000/v1"), ("user_model", "Qwen3-32B")),
         steps=500,
         out_dir="runs/qwen3-8b",
         checkpoint_every=10,

@@ -24,14 +24,25 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", default="orchestrax")
 
 
+def _train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="GRPO (and optional SFT warm start) from a Python config")
+    p.add_argument("--config", required=True, help="configs/x.py or configs/x.py:function")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. rollout.group_size=4 (repeatable)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrax")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _train_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         from orchestrax.rollout.serve_main import serve
         return serve(args)
+    if args.command == "train":
+        from orchestrax.train.main import run
+        return run(args.config, args.set)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

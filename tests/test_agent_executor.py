@@ -108,10 +108,12 @@ def test_rate_limit_spaces_calls():
         ex = ToolExecutor(ExecutorConfig(per_tool={"rl": ToolLimits(rate_per_s=50.0, burst=2)}))
         await asyncio.gather(*(ex.call(tool, {}) for _ in range(6)))
     run(main())
-    gaps = [t1 - t0 for t0, t1 in zip(tool.starts, tool.starts[1:])]
-    # burst of 2, then one call per 20 ms
-    assert all(g >= 0.02 - EPS for g in gaps[1:]), gaps
-    assert tool.starts[-1] - tool.starts[0] >= 4 * 0.02 - EPS
+    # Token bucket, burst 2 at 50/s: by call i (from 0) at least (i - 1) refills of 20 ms have
+    # passed. Single gaps may be shorter than 20 ms after a late call (tokens accrue meanwhile),
+    # so only the cumulative bound is an invariant; load can only make it easier to meet.
+    since_first = [t - tool.starts[0] for t in tool.starts]
+    for i, elapsed in enumerate(since_first[2:], start=2):
+        assert elapsed >= (i - 1) * 0.02 - EPS, since_first
 
 
 def test_token_bucket_never_exceeds_rate():

@@ -42,7 +42,9 @@ def test_preference_vectors_and_preferred_tools():
     for task in env.tasks("train"):
         p = task.preference
         assert len(p) == len(names) + 3 and all(0.0 <= x <= 1.0 for x in p)
-        seen[task.metadata["preference_kind"]] = (p, task.metadata["preferred_tool"], task.preference_instruction)
+        assert task.messages[-1]["content"].startswith(task.metadata["job"])
+        seen[task.metadata["preference_kind"]] = (p, task.metadata["preferred_tool"],
+                                                  task.messages[-1]["content"].split(". ", 1)[1])
     assert seen == {
         "cost": ((0, 0, 0, 1, 1, 0), "lookup_cheap", "Preference: low cost."),
         "latency": ((0, 0, 0, 1, 0, 1), "lookup_fast", "Preference: low latency."),
@@ -56,21 +58,20 @@ def test_tools_report_simulated_cost_and_latency_without_sleeping():
     tools = env.tools(task)
 
     async def call_all():
-        return await asyncio.gather(*(t({"key": task.metadata["key"]}) for t in tools))
+        return await asyncio.gather(*(t({}) for t in tools))
 
     results = asyncio.run(call_all())
-    assert [r.observation for r in results] == [task.answer] * 3
-    assert [(r.cost, r.latency) for r in results] == [(0.001, 4.0), (0.02, 0.2), (0.05, 2.0)]
+    assert [r.observation for r in results] == [f"Done: {task.metadata['job']}"] * 3
+    assert [(r.cost, r.latency) for r in results] == [(0.001, 4.0), (0.02, 0.2), (0.05, 10.0)]
     assert [t.spec.pricing.usd_per_call for t in tools] == [0.001, 0.02, 0.05]
-    with pytest.raises(ToolError, match="no entry for key='k1000'"):
-        asyncio.run(tools[0]({"key": "k1000"}))
-    with pytest.raises(ToolError, match="no entry"):
-        asyncio.run(tools[0]({"query": task.metadata["key"]}))
+    with pytest.raises(ToolError, match=r"takes no arguments; got \['key'\]"):
+        asyncio.run(tools[0]({"key": "k1"}))
 
 
 def _traj(task, tool, answer):
-    call = ToolCallRecord(name=tool.spec.name, arguments={"key": task.metadata["key"]},
-                          observation=task.answer, cost=tool.spec.pricing.usd_per_call,
+    call = ToolCallRecord(name=tool.spec.name, arguments={},
+                          observation=f"Done: {task.metadata['job']}",
+                          cost=tool.spec.pricing.usd_per_call,
                           latency=tool.spec.latency_s)
     return Trajectory(task_id=task.task_id, turns=[TurnRecord(text="", tool_calls=[call]),
                                                    TurnRecord(text=answer)], final_answer=answer)
@@ -86,7 +87,7 @@ def test_preference_picks_the_tool_under_the_real_reward():
     for kind, task in by_kind.items():
         tools = env.tools(task)
         names = [t.spec.name for t in tools]
-        group = [_traj(task, t, task.answer) for t in tools] + [_traj(task, tools[0], "0")]
+        group = [_traj(task, t, task.answer) for t in tools] + [_traj(task, tools[0], None)]
         outcome = np.array([[asyncio.run(env.verify(task, tr)) for tr in group]], np.float32)
         assert outcome.tolist() == [[1.0, 1.0, 1.0, 0.0]]
         counts, cost, latency = rl.features_from_trajectories(group, names)
@@ -97,13 +98,37 @@ def test_preference_picks_the_tool_under_the_real_reward():
         assert R[3] == 0.0 and np.sum(R[:3] == R[:3].max()) == 1
 
 
-def test_verify_reads_the_answer():
+def test_no_tool_wins_without_reading_the_preference():
+    """Averaged over the two preference kinds, cheap and fast earn the same reward in a group
+    that tries every tool: only conditioning on P pays."""
+    env = RoutingEnv()
+    mean_r = {}
+    for kind in ("cost", "latency"):
+        task = next(t for t in env.tasks() if t.metadata["preference_kind"] == kind)
+        tools = env.tools(task)
+        names = [t.spec.name for t in tools]
+        group = [_traj(task, t, "done") for t in tools]
+        counts, cost, latency = rl.features_from_trajectories(group, names)
+        R = np.asarray(rl.toolorchestra_reward(counts[None], np.ones((1, 3), np.float32),
+                                               cost[None], latency[None],
+                                               np.asarray([task.preference], np.float32)))[0]
+        for name, r in zip(names, R):
+            mean_r[name] = mean_r.get(name, 0.0) + r / 2
+    assert mean_r["lookup_cheap"] == pytest.approx(mean_r["lookup_fast"], abs=2e-3)
+    assert mean_r["lookup_premium"] == 0.0
+
+
+def test_verify_needs_a_call_that_ran_the_job_and_a_final_answer():
     env = RoutingEnv()
     task = env.tasks("eval")[0]
-    for answer, score in ((task.answer, 1.0), (f" <answer>{task.answer}</answer> ", 1.0),
-                          ("999" if task.answer != "999" else "998", 0.0), (None, 0.0)):
-        got = asyncio.run(env.verify(task, Trajectory(task_id=task.task_id, final_answer=answer)))
-        assert got == score, answer
+    tool = env.tools(task)[1]
+    assert asyncio.run(env.verify(task, _traj(task, tool, "done"))) == 1.0
+    assert asyncio.run(env.verify(task, _traj(task, tool, None))) == 0.0       # never answered
+    no_call = Trajectory(task_id=task.task_id, final_answer="done")
+    assert asyncio.run(env.verify(task, no_call)) == 0.0                      # no tool ran
+    failed = _traj(task, tool, "done")
+    failed.turns[0].tool_calls[0].ok = False
+    assert asyncio.run(env.verify(task, failed)) == 0.0                       # the call failed
 
 
 def test_prompt_is_short_for_the_tiny_model():
@@ -136,7 +161,7 @@ def test_demonstrations_play_through_the_agent_loop_and_stats():
         assert len(traj.token_ids) < 700  # a whole episode fits the demo's 768-token context
         assert asyncio.run(env.verify(task, traj)) == 1.0
         (call,) = traj.tool_calls
-        assert call.ok and call.observation == task.answer
+        assert call.ok and call.observation == f"Done: {task.metadata['job']}"
         tool = next(t for t in env.tools(task) if t.spec.name == call.name)
         assert (traj.cost, traj.latency) == (tool.spec.pricing.usd_per_call, tool.spec.latency_s)
     stats = env.stats(tasks, [[t] for t in trajs])
@@ -144,8 +169,10 @@ def test_demonstrations_play_through_the_agent_loop_and_stats():
     for task, traj in zip(tasks, trajs):
         expect.setdefault(task.metadata["preference_kind"], []).append(
             traj.tool_calls[0].name == task.metadata["preferred_tool"])
-    assert stats == {"preferred_tool_rate_cost": np.mean(expect["cost"]),
-                     "preferred_tool_rate_latency": np.mean(expect["latency"]), "tool_calls_mean": 1.0}
+    assert stats == pytest.approx({
+        "preferred_tool_rate_cost": np.mean(expect["cost"]),
+        "preferred_tool_rate_latency": np.mean(expect["latency"]),
+        "preferred_tool_rate": np.mean(expect["cost"] + expect["latency"]), "tool_calls_mean": 1.0})
 
 
 @pytest.mark.parametrize("kwargs, message", [

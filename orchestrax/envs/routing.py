@@ -1,15 +1,25 @@
-"""Synthetic tool-routing tasks for the CPU demo: the preference vector decides the right tool.
+"""Synthetic tool routing for the CPU demo: the preference vector decides which tool is right.
 
-Each task asks for the value stored under a key ("Value of k42?"). Every lookup tool returns the
-right value (deliberately: no tool is unreliable, so the outcome never depends on luck and the
-only thing to learn beyond the format is routing). The tools differ in simulated price and
-latency, reported through `ToolResult` without sleeping:
+Each task is a job ("Fetch the report.") that any of three tools can run; the episode succeeds
+when a tool call ran the job and the agent then closed with a final answer. The tools differ only
+in simulated price and latency (reported through `ToolResult`, never slept):
 
     lookup_cheap    $0.001 / call   4.0 s     right when P weighs compute (cost)
     lookup_fast     $0.020 / call   0.2 s     right when P weighs latency
-    lookup_premium  $0.050 / call   2.0 s     dominated; right only when P names it
+    lookup_premium  $0.050 / call  10.0 s     dominated; right only when P names it
 
 P = (one weight per tool, in `tools()` order, outcome, compute, latency), values in [0, 1].
+The premium tool's 10 s makes the task symmetric: in a group that tries all three tools, cheap
+scores 1 under cost and (10 - 4) / (10 - 0.2) = 0.61 under latency, fast the mirror image
+((0.05 - 0.02) / (0.05 - 0.001) = 0.61 under cost). No tool wins on average, so a policy can only
+gain by reading the preference (with premium at 2 s, "always fast" was the best blind policy and
+the demo policy collapsed to it).
+
+Why jobs and not questions whose answer the tool returns: copying a tool's output into the answer
+needs an induction-style attention pattern that a 2-layer model only starts to form after ~100
+warm-start steps (measured: 6% copy accuracy at step 100, 0% before), far beyond a CPU demo.
+Routing is what the demo is about, so the outcome depends on making a valid call, and the
+preference sentence sits in the user turn, a few tokens before the decision it governs.
 Everything is a function of (seed, split): two environments with the same config agree.
 """
 
@@ -23,7 +33,9 @@ from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Task
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 
-SYSTEM_PROMPT = "Call one lookup tool, then reply <answer>value</answer>."
+SYSTEM_PROMPT = "Run the job with one tool call, then reply <answer>done</answer>."
+JOBS = ("Fetch the report.", "Send the invoice.", "Check the order.", "Book the room.",
+        "Find the file.", "Update the list.", "Get the weather.", "Call the user.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,7 +47,7 @@ class LookupTool:
 
 DEFAULT_TOOLS = (LookupTool(name="lookup_cheap", usd_per_call=0.001, latency_s=4.0),
                  LookupTool(name="lookup_fast", usd_per_call=0.02, latency_s=0.2),
-                 LookupTool(name="lookup_premium", usd_per_call=0.05, latency_s=2.0))
+                 LookupTool(name="lookup_premium", usd_per_call=0.05, latency_s=10.0))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,6 +58,9 @@ class RoutingConfig:
     tools: tuple[LookupTool, ...] = DEFAULT_TOOLS
     # "cost", "latency", or a tool name (the user asks for that tool); tasks cycle through them
     preferences: tuple[str, ...] = ("cost", "latency")
+    # Share of warm-start demonstrations that call the preferred tool (the rest pick uniformly
+    # among the others); None: every tool equally often, i.e. no lean at all.
+    demo_preferred_prob: float | None = None
 
     def __post_init__(self):
         if self.num_train < 1 or self.num_eval < 1:
@@ -56,6 +71,9 @@ class RoutingConfig:
             raise ValueError(f"RoutingConfig.tools must be >= 2 tools with distinct names; got {names}")
         if any(t.usd_per_call < 0 or t.latency_s < 0 for t in self.tools):
             raise ValueError("RoutingConfig.tools: usd_per_call and latency_s must be >= 0")
+        p = self.demo_preferred_prob
+        if p is not None and not 0.0 <= p <= 1.0:
+            raise ValueError(f"RoutingConfig.demo_preferred_prob={p}; must be None or in [0, 1]")
         allowed = ["cost", "latency", *names]
         bad = [p for p in self.preferences if p not in allowed]
         if not self.preferences or bad:
@@ -88,31 +106,23 @@ def preference_text(kind: str) -> str:
 
 
 class _Lookup:
-    """One lookup tool bound to one task's key-value table."""
+    """One tool bound to one task's job."""
 
-    def __init__(self, tool: LookupTool, table: dict[str, str]):
+    def __init__(self, tool: LookupTool, job: str):
         self.spec = ToolSpec(
-            name=tool.name, description=f"Lookup. ${tool.usd_per_call:g}, {tool.latency_s:g}s.",
+            name=tool.name, description=f"Runs a job. ${tool.usd_per_call:g}, {tool.latency_s:g}s.",
             # kept minimal: every schema token is prompt the tiny demo model must read
-            parameters={"type": "object", "properties": {"key": {"type": "string"}}},
+            parameters={"type": "object", "properties": {}},
             category="basic", pricing=Pricing(kind="per_call", usd_per_call=tool.usd_per_call),
             latency_s=tool.latency_s)
-        self._table = table
+        self._job = job
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolResult:
-        key = arguments.get("key") if isinstance(arguments, dict) else None
-        if not isinstance(key, str) or key not in self._table:
-            raise ToolError(f"{self.spec.name}: no entry for key={key!r}; keys look like 'k42'")
+        if arguments:
+            raise ToolError(f"{self.spec.name} takes no arguments; got {sorted(arguments)}")
         # simulated: charge the price and report the nominal latency instead of sleeping
-        return ToolResult(observation=self._table[key], cost=self.spec.pricing.cost(),
+        return ToolResult(observation=f"Done: {self._job}", cost=self.spec.pricing.cost(),
                           latency=self.spec.latency_s)
-
-
-def _answer_text(answer: str | None) -> str:
-    text = (answer or "").strip()
-    if text.startswith("<answer>") and text.endswith("</answer>"):
-        text = text[len("<answer>"):-len("</answer>")].strip()
-    return text
 
 
 class RoutingEnv:
@@ -123,19 +133,16 @@ class RoutingEnv:
 
     def _make(self, split: str, n: int) -> list[Task]:
         rng = random.Random(f"routing/{self.config.seed}/{split}")
-        keys = rng.sample(range(100), min(n, 100))
         tasks = []
         for i in range(n):
-            key = f"k{keys[i % len(keys)]:02d}"
-            value = str(rng.randrange(100, 1000))
+            job = rng.choice(JOBS)
             kind = self.config.preferences[i % len(self.config.preferences)]
             tasks.append(Task(
                 task_id=f"routing/{split}/{i}",
                 messages=({"role": "system", "content": SYSTEM_PROMPT},
-                          {"role": "user", "content": f"Value of {key}?"}),
-                preference=preference_vector(self.config, kind),
-                preference_instruction=preference_text(kind), answer=value,
-                metadata={"key": key, "preference_kind": kind,
+                          {"role": "user", "content": f"{job} {preference_text(kind)}"}),
+                preference=preference_vector(self.config, kind), answer="done",
+                metadata={"job": job, "preference_kind": kind,
                           "preferred_tool": preferred_tool(self.config, kind)}))
         return tasks
 
@@ -147,19 +154,28 @@ class RoutingEnv:
         return list(self._splits[split])
 
     def tools(self, task: Task) -> list[_Lookup]:
-        table = {task.metadata["key"]: task.answer}
-        return [_Lookup(t, table) for t in self.config.tools]
+        return [_Lookup(t, task.metadata["job"]) for t in self.config.tools]
 
     async def verify(self, task: Task, trajectory: Trajectory) -> float:
-        return float(_answer_text(trajectory.final_answer) == task.answer)
+        """1 when some call ran the job and the agent then gave a final answer."""
+        ran = any(c.ok and c.observation == f"Done: {task.metadata['job']}"
+                  for c in trajectory.tool_calls)
+        return float(ran and bool((trajectory.final_answer or "").strip()))
 
     def demonstration(self, task: Task, rng) -> list[str]:
-        """Assistant turns of a correct episode with a uniformly random tool (format and task,
-        no preference): a call, then the answer. `rng`: a numpy Generator."""
-        tool = self.config.tools[int(rng.integers(len(self.config.tools)))].name
-        call = ('<tool_call>\n{"name": "%s", "arguments": {"key": "%s"}}\n</tool_call>'
-                % (tool, task.metadata["key"]))
-        return [call, f"<answer>{task.answer}</answer>"]
+        """Assistant turns of a correct episode: a call, then the answer. The tool is uniform over
+        all tools, or the preferred one with probability `demo_preferred_prob` and uniform over
+        the others otherwise. `rng`: a numpy Generator."""
+        names = [t.name for t in self.config.tools]
+        p = self.config.demo_preferred_prob
+        if p is None:
+            tool = names[int(rng.integers(len(names)))]
+        else:
+            want = task.metadata["preferred_tool"]
+            others = [n for n in names if n != want]
+            tool = want if rng.random() < p else others[int(rng.integers(len(others)))]
+        return ['<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % tool,
+                "<answer>done</answer>"]
 
     def stats(self, tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """preferred_tool_rate_<kind>: share of episodes whose calls all went to the preferred
@@ -174,6 +190,7 @@ class RoutingEnv:
                 hits.setdefault(task.metadata["preference_kind"], []).append(
                     float(bool(names) and all(n == want for n in names)))
         out = {f"preferred_tool_rate_{k}": sum(v) / len(v) for k, v in hits.items()}
+        out["preferred_tool_rate"] = sum(sum(v) for v in hits.values()) / max(1, len(calls))
         if calls:
             out["tool_calls_mean"] = sum(calls) / len(calls)
         return out

@@ -1,0 +1,136 @@
+"""Builders the loop calls once: tokenizer, params, environment, update, sampler, demos."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import pathlib
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from orchestrax import models, rl
+from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
+from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.trajectory import Trajectory
+from orchestrax.envs.base import Environment, Task
+from orchestrax.rl.train_step import TrainState, init_state, make_train_step
+from orchestrax.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(spec: str):
+    if spec == "tiny":
+        return tiny_qwen3_tokenizer(512)
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def pad_id(codec: Codec) -> int:
+    return codec.stop_ids[-1]
+
+
+def load_params(cfg: TrainConfig, mesh) -> tuple[models.ModelConfig, Any]:
+    if cfg.hf_path is not None:
+        return models.load_hf(cfg.hf_path, dtype=cfg.dtype, mesh=mesh)
+    shardings = models.param_shardings(cfg.model, mesh)
+    init = jax.jit(models.init_params, static_argnums=(0, 1), out_shardings=shardings)
+    return cfg.model, init(cfg.model, cfg.seed)
+
+
+def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tokenizer) -> None:
+    """config.json and the tokenizer next to the checkpoints, so a run exports on its own
+    (tools/export_hf.py) and SGLang weight-sync directories get a tokenizer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    hf = models.config_to_hf(model_cfg, model_cfg.param_dtype)
+    (directory / "config.json").write_text(json.dumps(hf, indent=2))
+    tokenizer.save_pretrained(directory)
+
+
+def make_env(cfg: TrainConfig) -> Environment:
+    kwargs = dict(cfg.env_kwargs)
+    if cfg.env == "routing":
+        from orchestrax.envs.routing import RoutingConfig, RoutingEnv
+        return RoutingEnv(RoutingConfig(seed=cfg.seed, **kwargs))
+    if cfg.env == "tau2":
+        from orchestrax.envs import tau2
+        from orchestrax.envs.openai_chat import ChatEndpoint
+        domain = kwargs.pop("domain")
+        user = kwargs.pop("user_url", None)
+        endpoint = ChatEndpoint(base_url=user, model=kwargs.pop("user_model", "default"),
+                                api_key_env=kwargs.pop("user_api_key_env", None)) if user else None
+        return tau2.Tau2Env(domain, user_endpoint=endpoint, **kwargs)
+    from orchestrax.envs import qa
+    return qa.QAEnv(**kwargs)
+
+
+class Update(NamedTuple):
+    init: Callable[[Any], TrainState]                 # params -> sharded TrainState
+    step: Callable[[TrainState, dict], tuple[TrainState, dict]]
+
+
+def make_update(model_cfg: models.ModelConfig, mesh, grpo: rl.GRPOConfig,
+                optim: rl.OptimizerConfig) -> Update:
+    """The jitted, sharded, donated train step and its state initialiser."""
+    step = make_train_step(model_cfg, grpo, optim, mesh)
+    init = jax.jit(lambda p: init_state(p, optim), out_shardings=step.state_shardings)
+    return Update(init, step)
+
+
+def make_sampler(cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any):
+    r = cfg.rollout
+    if r.backend == "embedded":
+        from orchestrax.rollout.embedded import EmbeddedSampler
+        return EmbeddedSampler(model_cfg, params, max_batch=r.sampler_max_batch,
+                               max_len=r.context_tokens, seed=cfg.seed)
+    from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
+    return SGLangClient(SGLangClientConfig(urls=tuple(r.server_urls)))
+
+
+async def publish(sampler, cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any,
+                  version: str, out_dir: pathlib.Path) -> None:
+    """Make the sampler serve `params`: in place for the embedded sampler; for SGLang servers an
+    HF directory per version, `/update_weights_from_disk` on each, `weight_version` checked."""
+    if hasattr(sampler, "set_params"):
+        sampler.set_params(params, weight_version=version)
+        return
+    from orchestrax.rollout.weight_sync import sync_weights
+    await sync_weights(sampler, model_cfg, params, cfg.rollout.weight_sync_dir, version,
+                       tokenizer_dir=str(out_dir / "model"))
+
+
+def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer,
+                   cfg: TrainConfig) -> list[Trajectory]:
+    """Warm-start data made the way rollouts are: each demo episode is played by a scripted
+    sampler through the real episode loop, so its ids and masks are exactly rollout-shaped."""
+    if not hasattr(env, "demonstration"):
+        raise ValueError(f"TrainConfig.sft_steps={cfg.sft_steps} but env {cfg.env!r} has no "
+                         "demonstrations; set sft_steps=0")
+    rng = np.random.default_rng([cfg.seed, 3])
+    episode_cfg = EpisodeConfig(max_turns=cfg.rollout.max_turns,
+                                context_tokens=cfg.rollout.context_tokens,
+                                max_new_tokens=cfg.rollout.max_new_tokens,
+                                enable_thinking=cfg.rollout.enable_thinking)
+
+    async def play(task: Task) -> Trajectory:
+        turns = env.demonstration(task, rng)
+        sampler = ScriptedSampler(tokenizer, turns=turns)
+        return await run_episode(sampler, tokenizer, task, env.tools(task), config=episode_cfg)
+
+    async def play_all():
+        return await asyncio.gather(*(play(t) for t in tasks))
+
+    demos = asyncio.run(play_all())
+    bad = [d for d in demos if d.end_reason != "answer"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} demonstration episodes did not end with an answer "
+                           f"(first: {bad[0].end_reason}); check the env's demonstration()")
+    return demos
+
+
+def env_stats(env: Environment, tasks, groups) -> dict[str, float]:
+    return env.stats(tasks, groups) if hasattr(env, "stats") else {}
+

@@ -1,0 +1,93 @@
+"""The outer loop end to end on the routing env: SFT warm start, GRPO steps, checkpoints, resume."""
+
+import json
+import runpy
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from orchestrax import models
+from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.loop import train
+from orchestrax.train.main import apply_overrides, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_run(out_dir, steps, sft_steps=4) -> TrainConfig:
+    return TrainConfig(
+        name="test", out_dir=str(out_dir),
+        model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
+                                 num_heads=2, num_kv_heads=1, head_dim=16),
+        grpo=GRPOConfig(num_minibatches=2),
+        optim=OptimizerConfig(lr=1e-3, total_steps=100),
+        rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=24, max_turns=2,
+                              context_tokens=768, enable_thinking=False),
+        env_kwargs=(("num_train", 16), ("num_eval", 4)),
+        sft_steps=sft_steps, sft_batch=8, steps=steps, checkpoint_every=1, eval_every=0)
+
+
+@pytest.mark.slow
+def test_sft_then_grpo_then_resume(tmp_path):
+    history = train(tiny_run(tmp_path, steps=2))
+    phases = [h["phase"] for h in history]
+    assert phases.count("sft") >= 1 and phases.count("rl") == 2 and phases[-1] == "rl"
+    rl_rows = [h for h in history if h["phase"] == "rl"]
+    for row in rl_rows:
+        for key in ("reward_mean", "accuracy", "cost_mean", "latency_mean", "loss",
+                    "grad_norm", "preferred_tool_rate", "filter/kept"):
+            assert key in row, key
+        assert row["tokens_mean"] > 500  # the whole system prompt with three tools is there
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len(history)
+    ckpts = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert ckpts[-1] == 4 + 2  # global step = SFT steps + RL steps
+
+    # A rerun with more steps resumes from the last checkpoint and only runs the remainder.
+    more = train(tiny_run(tmp_path, steps=3))
+    assert [h["step"] for h in more if h["phase"] == "rl"] == [3]
+    assert not any(h["phase"] == "sft" for h in more)
+
+    # The run exports to a directory transformers loads, with the checkpoint's exact logits.
+    export = runpy.run_path(str(ROOT / "tools" / "export_hf.py"))["export"]
+    out = export(str(tmp_path), str(tmp_path / "hf"))
+    cfg, params = models.load_hf(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = np.arange(1, 25, dtype=np.int32).reshape(2, 12)
+    ours = np.asarray(models.forward(cfg, params, jnp.asarray(ids)))
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+    assert transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|im_end|>") > 0
+
+
+def test_configs_build_and_overrides_name_the_field():
+    demo = load_config(str(ROOT / "configs" / "demo.py"))
+    assert demo.env == "routing" and demo.model is not None
+    cfg = apply_overrides(demo, ["rollout.group_size=4", "optim.lr=1e-5", "steps=3",
+                                 "rollout.server_urls=['http://h:1']"])
+    assert (cfg.rollout.group_size, cfg.optim.lr, cfg.steps) == (4, 1e-5, 3)
+    assert cfg.rollout.server_urls == ("http://h:1",)
+    with pytest.raises(ValueError, match="RolloutConfig has no field 'groupsize'"):
+        apply_overrides(demo, ["rollout.groupsize=4"])
+    with pytest.raises(ValueError, match="backend='vllm'.*allowed"):
+        apply_overrides(demo, ["rollout.backend=vllm"])
+    gpu = load_config(str(ROOT / "configs" / "qwen3_8b_gpu.py"))
+    assert gpu.rollout.backend == "sglang" and len(gpu.rollout.server_urls) == 4
+    emb = load_config(str(ROOT / "configs" / "qwen3_8b_gpu.py") + ":config_embedded")
+    assert emb.rollout.backend == "embedded"
+    assert runpy.run_path(str(ROOT / "configs" / "qwen3_tpu.py"))["config"]().mesh is not None
+
+
+def test_bad_train_config_is_named():
+    with pytest.raises(ValueError, match="exactly one of model"):
+        TrainConfig(name="x")
+    with pytest.raises(ValueError, match="env='web'.*allowed"):
+        TrainConfig(name="x", model=models.tiny_config(), env="web")
+    with pytest.raises(ValueError, match="server_urls is empty"):
+        RolloutConfig(backend="sglang")
