@@ -93,6 +93,20 @@ def test_dropped_samples_cost_no_gradient(big_step):
     assert int(s2.counters["skipped_updates"]) == 0
 
 
+def test_a_fully_filtered_batch_leaves_params_and_momentum_alone(big_step):
+    """After a real update Adam has momentum; a batch whose samples were all filtered must not
+    let that momentum keep moving the params (the demo's format collapsed that way)."""
+    s, _ = big_step(fresh_state(), make_batch())
+    before = jax.tree.map(np.array, (s.params, s.opt_state))
+    empty = make_batch(seed=1)
+    empty["sample_mask"][:] = 0
+    s, m = big_step(s, empty)
+    assert max_diff(s.params, before[0]) == 0.0
+    assert max_diff(s.opt_state, before[1]) == 0.0
+    assert float(m["empty"]) == 1.0 and float(m["skipped"]) == 0.0
+    assert int(s.counters["updates"]) == 1 and int(s.counters["train_steps"]) == 2
+
+
 def test_sft_objective_learns_the_masked_tokens():
     batch = make_batch(B=8, with_old=False)
     batch.pop("advantages")

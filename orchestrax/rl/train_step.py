@@ -9,7 +9,9 @@ Batch (all [B,T] aligned with `tokens`, position t = token t predicted from toke
   ref_logprobs (needed when kl_coef > 0).
 One call runs ppo_epochs × num_minibatches optimizer updates, each accumulating gradients over
 num_microbatches micro-batches whose loss weights come from the whole minibatch, so accumulation
-reproduces the big-batch gradient. A non-finite loss or gradient keeps the old params/opt state.
+reproduces the big-batch gradient. A non-finite loss or gradient keeps the old params/opt state,
+and so does a minibatch with no token left under the mask (all its samples filtered): Adam's
+momentum would otherwise keep moving the params on a zero gradient.
 """
 
 from __future__ import annotations
@@ -192,14 +194,16 @@ def _train_step_body(state, batch, *, mcfg, gcfg, opt_cfg, mesh, rules):
         met = _reduce(met_K)
         gnorm = optax.global_norm(grads)
         finite = jnp.isfinite(met["loss"]) & jnp.isfinite(gnorm)
+        empty = jnp.sum(mb["mask"]) == 0
+        apply = finite & ~empty
         updates, new_opt = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         pick = lambda new, old: jax.tree.map(  # noqa: E731
-            lambda a, b: jnp.where(finite, a, b), new, old)
-        met |= {"grad_norm": gnorm, "skipped": (~finite).astype(f32),
+            lambda a, b: jnp.where(apply, a, b), new, old)
+        met |= {"grad_norm": gnorm, "skipped": (~finite).astype(f32), "empty": empty.astype(f32),
                 "lr": lr_schedule(opt_cfg)(n_up)}
         carry = (pick(new_params, params), pick(new_opt, opt_state),
-                 n_up + finite.astype(jnp.int32), n_skip + (~finite).astype(jnp.int32))
+                 n_up + apply.astype(jnp.int32), n_skip + (~finite).astype(jnp.int32))
         return carry, met
 
     def epoch(carry, _):
@@ -211,6 +215,7 @@ def _train_step_body(state, batch, *, mcfg, gcfg, opt_cfg, mesh, rules):
     met_U = jax.tree.map(lambda v: v.reshape((E * M,) + v.shape[2:]), met_EM)
     metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in met_U.items()}
     metrics["skipped"] = jnp.sum(met_U["skipped"])
+    metrics["empty"] = jnp.sum(met_U["empty"])
     metrics["loss_first"] = met_U["loss"][0]
     if "log_ratio_absmax_max" in met_U:
         metrics["log_ratio_absmax_first"] = met_U["log_ratio_absmax_max"][0]
