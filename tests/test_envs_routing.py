@@ -22,6 +22,12 @@ def _fingerprint(tasks):
             for t in tasks]
 
 
+def test_eval_split_mixes_preferences_whatever_the_training_one():
+    env = RoutingEnv(RoutingConfig(preferences=("cost",)))
+    assert {t.metadata["preference_kind"] for t in env.tasks("train")} == {"cost"}
+    assert {t.metadata["preference_kind"] for t in env.tasks("eval")} == {"cost", "latency"}
+
+
 def test_deterministic_from_seed():
     a, b, c = RoutingEnv(RoutingConfig(seed=3)), RoutingEnv(RoutingConfig(seed=3)), RoutingEnv(RoutingConfig(seed=4))
     for split in ("train", "eval"):
@@ -169,10 +175,14 @@ def test_demonstrations_play_through_the_agent_loop_and_stats():
     for task, traj in zip(tasks, trajs):
         expect.setdefault(task.metadata["preference_kind"], []).append(
             traj.tool_calls[0].name == task.metadata["preferred_tool"])
+    used = [traj.tool_calls[0].name for traj in trajs]
+    shares = {f"tool_share_{t.spec.name}": used.count(t.spec.name) / len(used)
+              for t in env.tools(tasks[0])}
     assert stats == pytest.approx({
         "preferred_tool_rate_cost": np.mean(expect["cost"]),
         "preferred_tool_rate_latency": np.mean(expect["latency"]),
-        "preferred_tool_rate": np.mean(expect["cost"] + expect["latency"]), "tool_calls_mean": 1.0})
+        "preferred_tool_rate": np.mean(expect["cost"] + expect["latency"]), "tool_calls_mean": 1.0,
+        **shares})
 
 
 @pytest.mark.parametrize("kwargs, message", [

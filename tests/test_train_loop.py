@@ -1,5 +1,6 @@
 """The outer loop end to end on the routing env: SFT warm start, GRPO steps, checkpoints, resume."""
 
+import dataclasses
 import json
 import runpy
 from pathlib import Path
@@ -12,6 +13,7 @@ import transformers
 
 from orchestrax import models
 from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.config import RolloutConfig, TrainConfig
 from orchestrax.train.loop import train
 from orchestrax.train.main import apply_overrides, load_config
@@ -66,9 +68,39 @@ def test_sft_then_grpo_then_resume(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|im_end|>") > 0
 
 
+@pytest.mark.slow
+def test_init_from_starts_rl_from_another_runs_params(tmp_path):
+    warm = tiny_run(tmp_path / "warm", steps=0)
+    train(warm)
+    _, meta = Checkpointer(tmp_path / "warm" / "checkpoints", every=0).restore(
+        _abstract_state(warm))
+    assert meta == {"phase": "sft", "step": 4}
+    rl_cfg = dataclasses.replace(tiny_run(tmp_path / "rl", steps=1, sft_steps=0),
+                                 init_from=str(tmp_path / "warm"))
+    history = train(rl_cfg)
+    assert [h["phase"] for h in history] == ["eval", "rl"]
+    first_eval = history[0]
+    warm_eval = [json.loads(x) for x in (tmp_path / "warm" / "metrics.jsonl").read_text()
+                 .splitlines() if json.loads(x)["phase"] == "eval"][-1]
+    # Same params and greedy decoding: the RL run starts exactly where the warm start ended.
+    assert first_eval == warm_eval
+
+
+def _abstract_state(cfg):
+    from orchestrax import parallel
+    from orchestrax.train import setup
+    mesh = parallel.make_mesh(cfg.mesh)
+    mcfg, params = setup.load_params(cfg, mesh)
+    return setup.make_update(mcfg, mesh, cfg.grpo, cfg.optim).init(params)
+
+
 def test_configs_build_and_overrides_name_the_field():
     demo = load_config(str(ROOT / "configs" / "demo.py"))
     assert demo.env == "routing" and demo.model is not None
+    demo_ns = runpy.run_path(str(ROOT / "configs" / "demo.py"))
+    warm, latency = demo_ns["config_warmstart"](), demo_ns["config"]("latency")
+    assert demo.init_from == latency.init_from == warm.out_dir and warm.steps == 0
+    assert dict(latency.env_kwargs)["preferences"] == ("latency",)
     cfg = apply_overrides(demo, ["rollout.group_size=4", "optim.lr=1e-5", "steps=3",
                                  "rollout.server_urls=['http://h:1']"])
     assert (cfg.rollout.group_size, cfg.optim.lr, cfg.steps) == (4, 1e-5, 3)

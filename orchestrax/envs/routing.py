@@ -58,9 +58,8 @@ class RoutingConfig:
     tools: tuple[LookupTool, ...] = DEFAULT_TOOLS
     # "cost", "latency", or a tool name (the user asks for that tool); tasks cycle through them
     preferences: tuple[str, ...] = ("cost", "latency")
-    # Share of warm-start demonstrations that call the preferred tool (the rest pick uniformly
-    # among the others); None: every tool equally often, i.e. no lean at all.
-    demo_preferred_prob: float | None = None
+    # The eval split always mixes these, so a run trained under one preference is measured on both.
+    eval_preferences: tuple[str, ...] = ("cost", "latency")
 
     def __post_init__(self):
         if self.num_train < 1 or self.num_eval < 1:
@@ -71,13 +70,11 @@ class RoutingConfig:
             raise ValueError(f"RoutingConfig.tools must be >= 2 tools with distinct names; got {names}")
         if any(t.usd_per_call < 0 or t.latency_s < 0 for t in self.tools):
             raise ValueError("RoutingConfig.tools: usd_per_call and latency_s must be >= 0")
-        p = self.demo_preferred_prob
-        if p is not None and not 0.0 <= p <= 1.0:
-            raise ValueError(f"RoutingConfig.demo_preferred_prob={p}; must be None or in [0, 1]")
         allowed = ["cost", "latency", *names]
-        bad = [p for p in self.preferences if p not in allowed]
-        if not self.preferences or bad:
-            raise ValueError(f"RoutingConfig.preferences={self.preferences!r}; allowed: {allowed}")
+        for field in ("preferences", "eval_preferences"):
+            value = getattr(self, field)
+            if not value or any(k not in allowed for k in value):
+                raise ValueError(f"RoutingConfig.{field}={value!r}; allowed: {allowed}")
         for kind in ("cost", "latency"):
             if kind in self.preferences:
                 key = (lambda t: t.usd_per_call) if kind == "cost" else (lambda t: t.latency_s)
@@ -128,15 +125,15 @@ class _Lookup:
 class RoutingEnv:
     def __init__(self, config: RoutingConfig = RoutingConfig()):
         self.config = config
-        self._splits = {"train": self._make("train", config.num_train),
-                        "eval": self._make("eval", config.num_eval)}
+        self._splits = {"train": self._make("train", config.num_train, config.preferences),
+                        "eval": self._make("eval", config.num_eval, config.eval_preferences)}
 
-    def _make(self, split: str, n: int) -> list[Task]:
+    def _make(self, split: str, n: int, kinds: tuple[str, ...]) -> list[Task]:
         rng = random.Random(f"routing/{self.config.seed}/{split}")
         tasks = []
         for i in range(n):
             job = rng.choice(JOBS)
-            kind = self.config.preferences[i % len(self.config.preferences)]
+            kind = kinds[i % len(kinds)]
             tasks.append(Task(
                 task_id=f"routing/{split}/{i}",
                 messages=({"role": "system", "content": SYSTEM_PROMPT},
@@ -163,34 +160,32 @@ class RoutingEnv:
         return float(ran and bool((trajectory.final_answer or "").strip()))
 
     def demonstration(self, task: Task, rng) -> list[str]:
-        """Assistant turns of a correct episode: a call, then the answer. The tool is uniform over
-        all tools, or the preferred one with probability `demo_preferred_prob` and uniform over
-        the others otherwise. `rng`: a numpy Generator."""
-        names = [t.name for t in self.config.tools]
-        p = self.config.demo_preferred_prob
-        if p is None:
-            tool = names[int(rng.integers(len(names)))]
-        else:
-            want = task.metadata["preferred_tool"]
-            others = [n for n in names if n != want]
-            tool = want if rng.random() < p else others[int(rng.integers(len(others)))]
+        """Assistant turns of a correct episode with a uniformly random tool (format, no
+        preference): a call, then the answer. `rng`: a numpy Generator."""
+        tool = self.config.tools[int(rng.integers(len(self.config.tools)))].name
         return ['<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % tool,
                 "<answer>done</answer>"]
 
     def stats(self, tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """preferred_tool_rate_<kind>: share of episodes whose calls all went to the preferred
-        tool (at least one call); tool_calls_mean: calls per episode."""
+        tool (at least one call); tool_share_<name>: share of all calls that went to each tool;
+        tool_calls_mean: calls per episode."""
         hits: dict[str, list[float]] = {}
         calls = []
+        used = {t.name: 0 for t in self.config.tools}
         for task, group in zip(tasks, groups):
             want = task.metadata["preferred_tool"]
             for traj in group:
                 names = [c.name for c in traj.tool_calls]
                 calls.append(len(names))
+                for n in names:
+                    if n in used:
+                        used[n] += 1
                 hits.setdefault(task.metadata["preference_kind"], []).append(
                     float(bool(names) and all(n == want for n in names)))
         out = {f"preferred_tool_rate_{k}": sum(v) / len(v) for k, v in hits.items()}
         out["preferred_tool_rate"] = sum(sum(v) for v in hits.values()) / max(1, len(calls))
+        out |= {f"tool_share_{n}": c / max(1, sum(used.values())) for n, c in used.items()}
         if calls:
             out["tool_calls_mean"] = sum(calls) / len(calls)
         return out

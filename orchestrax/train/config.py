@@ -69,7 +69,12 @@ class TrainConfig:
     out_dir: str = "runs/default"           # checkpoints, metrics.jsonl, exported HF dirs
     checkpoint_every: int = 10
     eval_every: int = 10
+    eval_samples: int = 1                   # episodes per eval task
+    eval_temperature: float = 0.0           # 0: greedy
     resume: bool = True
+    # Start from another run's newest checkpoint (e.g. a warm-start run) instead of `model` or
+    # `hf_path` weights; its params are taken, its optimizer state is not. Ignored on resume.
+    init_from: str | None = None
 
     def __post_init__(self):
         if (self.model is None) == (self.hf_path is None):

@@ -55,6 +55,13 @@ class Trainer:
         self.ref_params = None
         if cfg.resume and self.ckpt.latest_step is not None:
             self._resume()
+        elif cfg.init_from is not None:
+            source = Checkpointer(pathlib.Path(cfg.init_from) / "checkpoints", every=0)
+            state, meta = source.restore(self.state)
+            source.close()
+            self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
+            log.info("starting RL from %s (its %s step %d)", cfg.init_from, meta["phase"],
+                     meta["step"])
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
         self.episode_cfg = EpisodeConfig(
@@ -243,9 +250,11 @@ class Trainer:
                             self.out)
 
     async def _evaluate(self) -> dict[str, Any]:
-        """Greedy rollouts on the eval split: accuracy, cost, latency and the env's own stats."""
+        """Rollouts on the eval split (greedy unless eval_temperature > 0): accuracy, cost,
+        latency and the env's own stats."""
         tasks = list(self.eval_tasks)
-        groups, outcome = await self._rollout(tasks, 1, temperature=0.0)
+        groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
+                                              temperature=self.cfg.eval_temperature)
         flat = [tr for gr in groups for tr in gr]
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
