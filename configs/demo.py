@@ -1,7 +1,7 @@
 """The CPU demo: a tiny Qwen3 learns by GRPO, under the ToolOrchestra reward, to call the tool its
 preference vector favours. One warm start (tool-call format, tools chosen uniformly), then two
 GRPO runs from it that differ only in the preference vector of their tasks: P weighing cost (the
-cheap tool is right) and P weighing latency (the fast tool is right). About ten minutes on 2 cores.
+cheap tool is right) and P weighing latency (the fast tool is right). About 15 minutes on 2 cores.
 """
 
 import dataclasses
