@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
-from orchestrax.rollout.protocol import ProtocolError
+from orchestrax.rollout.protocol import ProtocolError, check_body
 from orchestrax.rollout.server import STATE, ServerState, error, read_json
 
 ALLOWED_KEYS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature",
@@ -33,12 +33,7 @@ def _stop_ids(tokenizer: Any) -> tuple[int, ...]:
 def parse_chat(body: Any, tokenizer: Any, chat_template: str | None = None
                ) -> tuple[list[int], SamplingParams, int]:
     """-> (prompt ids, sampling params, n). Raises ProtocolError naming the bad field."""
-    if not isinstance(body, dict):
-        raise ProtocolError("the chat completion body must be a JSON object")
-    for key in body:
-        if key not in ALLOWED_KEYS:
-            raise ProtocolError(f"unknown chat completion key {key!r}; allowed: "
-                                f"{', '.join(ALLOWED_KEYS)}")
+    check_body(body, "chat completion", ALLOWED_KEYS)
     if body.get("stream"):
         raise ProtocolError("stream=true is not supported on /v1/chat/completions")
     messages = body.get("messages")

@@ -121,14 +121,18 @@ def _ids(x: Any, name: str) -> tuple[int, ...]:
     return tuple(x)
 
 
+def check_body(body: Any, what: str, allowed: Sequence[str]) -> None:
+    """A JSON object whose keys are all in `allowed`; else ProtocolError naming the bad key."""
+    if not isinstance(body, dict):
+        raise ProtocolError(f"the {what} body must be a JSON object")
+    for key in body:
+        if key not in allowed:
+            raise ProtocolError(f"unknown {what} key {key!r}; allowed: {', '.join(allowed)}")
+
+
 def parse_generate(body: Any, *, encode=None) -> GenerateCall:
     """Parse a `/generate` JSON body. `encode(text) -> ids` is needed only for `text` prompts."""
-    if not isinstance(body, dict):
-        raise ProtocolError("the /generate body must be a JSON object")
-    for key in body:
-        if key not in ALLOWED_GENERATE_KEYS:
-            raise ProtocolError(f"unknown /generate key {key!r}; allowed: "
-                                f"{', '.join(ALLOWED_GENERATE_KEYS)}")
+    check_body(body, "/generate", ALLOWED_GENERATE_KEYS)
     if (body.get("logprob_start_len") not in (None, -1)
             or body.get("top_logprobs_num") not in (None, 0)):
         raise ProtocolError("only output-token logprobs are supported: logprob_start_len must be "

@@ -16,6 +16,13 @@ import orbax.checkpoint as ocp
 log = logging.getLogger(__name__)
 
 
+def abstract_like(tree: Any) -> Any:
+    """ShapeDtypeStructs carrying each leaf's sharding: restore targets for Orbax."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        tree)
+
+
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, every: int, keep: int = 3):
         self.every = every
@@ -42,11 +49,9 @@ class Checkpointer:
         step = self.latest_step if step is None else step
         if step is None:
             raise FileNotFoundError("no checkpoint to restore")
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-            like_state)
         out = self._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+            state=ocp.args.StandardRestore(abstract_like(like_state)),
+            meta=ocp.args.JsonRestore()))
         log.info("restored checkpoint of step %d", step)
         return out["state"], out["meta"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import runpy
 import shutil
 from pathlib import Path
 
+from orchestrax.train import setup
 from orchestrax.train.loop import train
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.py"
@@ -28,9 +28,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", help="base output directory (default: runs/demo)")
     ap.add_argument("--fresh", action="store_true", help="delete the output directory first")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
-                        datefmt="%H:%M:%S", force=True)
-    logging.getLogger("orchestrax").setLevel(logging.INFO)
+    setup.configure_logging()
     configs = runpy.run_path(str(CONFIG))
     runs = [configs["config_warmstart"](), configs["config"]("cost"), configs["config"]("latency")]
     base = Path(args.out or configs["OUT"])

@@ -28,7 +28,7 @@ from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Environment, Task
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.train import batching, setup
-from orchestrax.train.checkpoint import Checkpointer
+from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -164,9 +164,7 @@ class Trainer:
         path = (self.out / "reference").resolve()
         ckptr = ocp.StandardCheckpointer()
         if path.exists():
-            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                self.state.params)
-            self.ref_params = ckptr.restore(path, like)
+            self.ref_params = ckptr.restore(path, abstract_like(self.state.params))
         else:
             self.ref_params = jax.tree.map(jnp.copy, self.state.params)  # state is donated
             ckptr.save(path, self.ref_params)

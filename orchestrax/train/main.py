@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import logging
 import runpy
 from typing import Any, Sequence
 
 from orchestrax import parallel
+from orchestrax.train import setup
 from orchestrax.train.config import TrainConfig
 
 
@@ -55,9 +55,7 @@ def _replace_path(obj: Any, parts: list[str], value: Any, full: str) -> Any:
 
 
 def run(config: str, overrides: Sequence[str]) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s",
-                        force=True)
-    logging.getLogger("orchestrax").setLevel(logging.INFO)
+    setup.configure_logging()
     parallel.initialize()
     cfg = apply_overrides(load_config(config), overrides)
     from orchestrax.train.loop import train

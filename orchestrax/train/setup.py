@@ -22,6 +22,13 @@ from orchestrax.train.config import TrainConfig
 log = logging.getLogger(__name__)
 
 
+def configure_logging() -> None:
+    """orchestrax at INFO, everything else (orbax, absl, jax) at WARNING."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+    logging.getLogger("orchestrax").setLevel(logging.INFO)
+
+
 def load_tokenizer(spec: str):
     if spec == "tiny":
         return tiny_qwen3_tokenizer(512)

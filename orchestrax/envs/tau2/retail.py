@@ -231,6 +231,8 @@ _ADDRESS = {"address1": s("First address line, such as '123 Main St'."),
             "city": s("City, such as 'San Francisco'."), "state": s("State, such as 'CA'."),
             "country": s("Country, such as 'USA'."), "zip": s("Zip code, such as '12345'.")}
 _CONFIRM = " Explain the details and get explicit user confirmation (yes) first."
+_NEW_ITEMS = arr(s("A new item id."), "New item ids, position by position the same product "
+                 "as item_ids.")
 
 FUNCTIONS: tuple[DomainFunction, ...] = (
     DomainFunction(name="calculate", kind="generic",
@@ -248,8 +250,7 @@ FUNCTIONS: tuple[DomainFunction, ...] = (
                    description="Exchange items of a delivered order for other variants of the same "
                                "product; allowed once per order." + _CONFIRM,
                    parameters=obj({"order_id": _ORDER_ID, "item_ids": _ITEMS,
-                                   "new_item_ids": arr(s("A new item id."), "New item ids, position by "
-                                                       "position the same product as item_ids."),
+                                   "new_item_ids": _NEW_ITEMS,
                                    "payment_method_id": _PM_ID})),
     DomainFunction(name="find_user_id_by_email", kind="read", fn=find_user_id_by_email,
                    description="Find a user id by email.",
@@ -280,8 +281,7 @@ FUNCTIONS: tuple[DomainFunction, ...] = (
                    description="Swap items of a pending order for other variants of the same product; "
                                "allowed once per order." + _CONFIRM,
                    parameters=obj({"order_id": _ORDER_ID, "item_ids": _ITEMS,
-                                   "new_item_ids": arr(s("A new item id."), "New item ids, position by "
-                                                       "position the same product as item_ids."),
+                                   "new_item_ids": _NEW_ITEMS,
                                    "payment_method_id": _PM_ID})),
     DomainFunction(name="modify_pending_order_payment", kind="write", fn=modify_pending_order_payment,
                    description="Change the payment method of a pending order." + _CONFIRM,
