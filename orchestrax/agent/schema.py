@@ -3,14 +3,22 @@
 Function-calling datasets (BFCL, some OpenAPI exports) write Python type names — "dict", "float",
 "tuple", "any" — where JSON Schema expects "object", "number", "array" or no type at all;
 `to_json_schema` maps them so their function docs validate as written.
+
+Validation runs on every tool call of every rollout turn, and jsonschema's general machinery costs
+several to tens of microseconds even for a one-field object. Most function-calling schemas use only a few
+keywords, so those are also compiled to a plain Python predicate (`compile_predicate`) that answers
+"valid?" in about a microsecond. jsonschema stays the authority: it writes every error message and
+is consulted whenever the predicate says "invalid" or the schema uses anything outside the subset.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
-from typing import Any, Mapping
+import numbers
+from typing import Any, Callable, Mapping
 
 import jsonschema
 
@@ -48,15 +56,183 @@ def to_json_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+Predicate = Callable[[Any], bool]
+
+# Keywords that never change a verdict under Draft 2020-12 without a format checker (we never pass
+# one, so "format" is an annotation too). "$schema" is one only while it names 2020-12 itself; see
+# `_names_draft_2020_12`.
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "format", "$schema",
+                          "$comment"})
+_SUPPORTED = _ANNOTATIONS | {"type", "properties", "required", "additionalProperties", "items",
+                             "enum"}
+
+
+class _NotCompilable(Exception):
+    """The schema uses something outside the subset `compile_predicate` mirrors."""
+
+
+def _names_draft_2020_12(node: dict[str, Any]) -> bool:
+    """jsonschema switches dialect at any (sub)schema whose $schema names another draft (its
+    `evolve` re-picks the validator class), and older drafts differ inside our subset — draft 4
+    rejects 1.0 as an integer — so the predicate accepts $schema only when it names 2020-12."""
+    dialect = jsonschema.validators.validator_for(node, default=None)
+    return dialect is jsonschema.Draft202012Validator
+
+
+def _accept(instance: Any) -> bool:
+    return True
+
+
+def _reject(instance: Any) -> bool:
+    return False
+
+
+def _is_integer(instance: Any) -> bool:
+    """Draft 6+ integers: bool is not one, an integral float (1.0) is."""
+    if isinstance(instance, bool):
+        return False
+    return isinstance(instance, int) or (isinstance(instance, float) and instance.is_integer())
+
+
+def _is_number(instance: Any) -> bool:
+    return not isinstance(instance, bool) and isinstance(instance, numbers.Number)
+
+
+_TYPE_PREDICATES: dict[str, Predicate] = {
+    "object": lambda x: isinstance(x, dict),
+    "array": lambda x: isinstance(x, list),
+    "string": lambda x: isinstance(x, str),
+    "boolean": lambda x: isinstance(x, bool),
+    "null": lambda x: x is None,
+    "integer": _is_integer,
+    "number": _is_number,
+}
+
+
+def _type_check(types: Any) -> Predicate:
+    names = [types] if isinstance(types, str) else types
+    if not isinstance(names, list) or not names or any(
+            not isinstance(n, str) or n not in _TYPE_PREDICATES for n in names):
+        raise _NotCompilable(f"type {types!r}")
+    checks = tuple(_TYPE_PREDICATES[n] for n in dict.fromkeys(names))
+    if len(checks) == 1:
+        return checks[0]
+    return lambda x: any(check(x) for check in checks)
+
+
+def _enum_check(members: Any) -> Predicate:
+    """Only all-string enums: jsonschema compares a string member with `==`, so membership is a
+    plain string lookup; other members bring its bool/number/container equality rules."""
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise _NotCompilable("enum with non-string members")
+    allowed = frozenset(members)
+    return lambda x: isinstance(x, str) and x in allowed
+
+
+def _object_check(node: dict[str, Any]) -> Predicate:
+    """`properties`, `required` and `additionalProperties` together; all three ignore non-dicts,
+    a property's subschema applies only when its key is present, and additionalProperties to the
+    keys `properties` does not name."""
+    properties = node.get("properties", {})
+    required = node.get("required", [])
+    if not isinstance(properties, dict):
+        raise _NotCompilable("properties is not an object")
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise _NotCompilable("required is not a list of strings")
+    known = {key: _compile(sub) for key, sub in properties.items()}
+    extra = _compile(node["additionalProperties"]) if "additionalProperties" in node else _accept
+    needed = tuple(dict.fromkeys(required))
+
+    def check(instance: Any) -> bool:
+        if not isinstance(instance, dict):
+            return True
+        for key in needed:
+            if key not in instance:
+                return False
+        for key, value in instance.items():
+            if not known.get(key, extra)(value):
+                return False
+        return True
+
+    return check
+
+
+def _array_check(items: Any) -> Predicate:
+    item = _compile(items)
+    return lambda x: not isinstance(x, list) or all(item(v) for v in x)
+
+
+def _all_of(checks: list[Predicate]) -> Predicate:
+    if not checks:
+        return _accept
+    if len(checks) == 1:
+        return checks[0]
+    bound = tuple(checks)
+
+    def check(instance: Any) -> bool:
+        for each in bound:
+            if not each(instance):
+                return False
+        return True
+
+    return check
+
+
+def _compile(node: Any) -> Predicate:
+    """The predicate for one (sub)schema; raises `_NotCompilable` outside the subset."""
+    if node is True:
+        return _accept
+    if node is False:
+        return _reject
+    if not isinstance(node, dict):
+        raise _NotCompilable(f"schema {node!r}")
+    unknown = sorted(set(node) - _SUPPORTED)
+    if unknown:
+        raise _NotCompilable(f"keywords {unknown}")
+    if "$schema" in node and not _names_draft_2020_12(node):
+        raise _NotCompilable(f"$schema {node['$schema']!r}")
+    checks = []
+    if "type" in node:
+        checks.append(_type_check(node["type"]))
+    if "enum" in node:
+        checks.append(_enum_check(node["enum"]))
+    if {"properties", "required", "additionalProperties"} & node.keys():
+        checks.append(_object_check(node))
+    if "items" in node:
+        checks.append(_array_check(node["items"]))
+    return _all_of(checks)
+
+
+def compile_predicate(schema: Any) -> Predicate | None:
+    """A plain `instance -> bool` equivalent to Draft 2020-12 validation of `schema` (already
+    normalised by `to_json_schema`), or None when the schema uses anything beyond type,
+    properties, required, additionalProperties, a single-schema items, an all-string enum and
+    annotations. None means "ask jsonschema"; the subset is kept small so that agreeing with
+    jsonschema is easy to check (tests/test_schema_fast.py does, differentially)."""
+    try:
+        return _compile(schema)
+    except (_NotCompilable, RecursionError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolValidator:
+    """One tool's compiled schema: jsonschema's validator, which is authoritative and writes the
+    messages, plus the fast predicate when the schema is within the compilable subset."""
+
+    schema_validator: jsonschema.protocols.Validator
+    predicate: Predicate | None
+
+
 @functools.lru_cache(maxsize=4096)
-def _compiled(schema_json: str) -> jsonschema.protocols.Validator:
+def _compiled(schema_json: str) -> ToolValidator:
     schema = to_json_schema(json.loads(schema_json))
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
-    return cls(schema)
+    return ToolValidator(schema_validator=cls(schema), predicate=compile_predicate(schema))
 
 
-def validator_for(name: str, parameters: Mapping[str, Any]) -> jsonschema.protocols.Validator:
+def validator_for(name: str, parameters: Mapping[str, Any]) -> ToolValidator:
     """Compiled validator for one tool's parameters; raises ValueError naming the tool when the
     schema itself is invalid (that is the tool author's bug, not the policy's)."""
     try:
@@ -65,8 +241,17 @@ def validator_for(name: str, parameters: Mapping[str, Any]) -> jsonschema.protoc
         raise ValueError(f"tool {name!r}: parameters is not a valid JSON schema: {e.message}") from e
 
 
-def schema_error(validator: jsonschema.protocols.Validator, arguments: Any) -> str | None:
-    """A one-line description of the most relevant violation, or None when `arguments` is valid."""
+def schema_error(validator: ToolValidator | jsonschema.protocols.Validator,
+                 arguments: Any) -> str | None:
+    """A one-line description of the most relevant violation, or None when `arguments` is valid.
+
+    The fast predicate only short-circuits the valid case; an "invalid" from it is re-checked by
+    jsonschema, so a predicate bug could cost time but never invent an error. A bare jsonschema
+    validator is still accepted."""
+    if isinstance(validator, ToolValidator):
+        if validator.predicate is not None and validator.predicate(arguments):
+            return None
+        validator = validator.schema_validator
     err = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if err is None:
         return None
