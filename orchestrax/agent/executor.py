@@ -112,10 +112,19 @@ class ToolExecutor:
         return self._slots[name]
 
     async def call_many(self, calls: Sequence[tuple[Tool, dict[str, Any]]]) -> list[ToolCallRecord]:
-        """The calls of one turn, concurrently; records come back in call order."""
-        if len(calls) == 1:
-            return [await self.call(*calls[0])]
-        return list(await asyncio.gather(*(self.call(tool, args) for tool, args in calls)))
+        """The calls of one turn, concurrently; records come back in call order. The first call
+        runs in the caller's task and the others in tasks of their own (a task per call is most
+        of the scheduling cost of a turn)."""
+        if not calls:
+            return []
+        others = [asyncio.ensure_future(self.call(tool, args)) for tool, args in calls[1:]]
+        try:
+            first = await self.call(*calls[0])
+        except BaseException:  # cancelled: take the other calls down with us
+            for task in others:
+                task.cancel()
+            raise
+        return [first] + [await task for task in others]
 
     async def call(self, tool: Tool, arguments: dict[str, Any]) -> ToolCallRecord:
         """One call with retries. latency = time spent in attempts (the tool's reported latency
@@ -152,24 +161,31 @@ class ToolExecutor:
         """(ToolResult | permanent Exception | transient message str | None for timeout, seconds)."""
         if slot.bucket is not None:
             await slot.bucket.acquire()
+        if self._global is None and slot.sem is None:
+            return await self._timed(tool, arguments, slot.limits.timeout_s)
         async with _maybe(self._global), _maybe(slot.sem):
-            start = time.monotonic()
-            try:
-                async with asyncio.timeout(slot.limits.timeout_s):
-                    result = await tool(arguments)
-            except TimeoutError:
-                return None, time.monotonic() - start
-            except ToolError as e:
-                seconds = time.monotonic() - start
-                return (f"failed: {e}" if e.transient else e), seconds
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a buggy tool costs its own call, never the batch
-                return e, time.monotonic() - start
+            return await self._timed(tool, arguments, slot.limits.timeout_s)
+
+    @staticmethod
+    async def _timed(tool: Tool, arguments: dict[str, Any], timeout_s: float):
+        """One attempt under its timeout; see `_attempt` for what comes back."""
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await tool(arguments)
+        except TimeoutError:
+            return None, time.monotonic() - start
+        except ToolError as e:
             seconds = time.monotonic() - start
-            if not isinstance(result, ToolResult):
-                return TypeError(f"returned {type(result).__name__}, not ToolResult"), seconds
-            return result, seconds
+            return (f"failed: {e}" if e.transient else e), seconds
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a buggy tool costs its own call, never the batch
+            return e, time.monotonic() - start
+        seconds = time.monotonic() - start
+        if not isinstance(result, ToolResult):
+            return TypeError(f"returned {type(result).__name__}, not ToolResult"), seconds
+        return result, seconds
 
     def _clip(self, text: str) -> str:
         limit = self.config.max_observation_chars
