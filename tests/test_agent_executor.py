@@ -141,6 +141,28 @@ def test_cancellation_propagates():
     run(main())
 
 
+def test_cancelling_a_turn_cancels_all_of_its_calls():
+    async def main():
+        ex = ToolExecutor(ExecutorConfig(default=FAST))
+        started = []
+
+        class Slow(SleepTool):
+            async def __call__(self, arguments):
+                started.append(asyncio.current_task())
+                return await super().__call__(arguments)
+
+        tools = [Slow("a", latency_s=0.0), Slow("b", latency_s=10.0), Slow("c", latency_s=10.0)]
+        turn = asyncio.create_task(ex.call_many([(t, {}) for t in tools]))
+        await asyncio.sleep(0.05)  # "a" (run in the turn's own task) is done; "b", "c" sleep
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        await asyncio.sleep(0)
+        assert len(started) == 3 and all(t.done() for t in started)
+        assert started[1].cancelled() and started[2].cancelled()
+    run(main())
+
+
 def test_long_observations_are_clipped():
     tool = SleepTool("big", observation="x" * 100)
     rec = run(ToolExecutor(ExecutorConfig(max_observation_chars=10)).call(tool, {}))

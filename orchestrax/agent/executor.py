@@ -120,11 +120,11 @@ class ToolExecutor:
         others = [asyncio.ensure_future(self.call(tool, args)) for tool, args in calls[1:]]
         try:
             first = await self.call(*calls[0])
+            return [first] + [await task for task in others]
         except BaseException:  # cancelled: take the other calls down with us
             for task in others:
                 task.cancel()
             raise
-        return [first] + [await task for task in others]
 
     async def call(self, tool: Tool, arguments: dict[str, Any]) -> ToolCallRecord:
         """One call with retries. latency = time spent in attempts (the tool's reported latency
