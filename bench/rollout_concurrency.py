@@ -1,10 +1,11 @@
 """Episode concurrency of the asyncio rollout layer: N episodes x T tool-calling turns, each turn
 calling 1-3 tools that take 20-100 ms (asyncio sleeps), against a scripted sampler that answers
-instantly. Reports wall time against the critical-path lower bound, peak RSS, and the same
-workload with at most 2 episodes in flight (the published ToolOrchestra code's setting), on a
-subset because at 2 in flight the full run takes minutes.
+instantly. Reports wall time against the critical-path lower bound for one event loop in this
+process and for an `EpisodePool` of worker processes (each its own event loop), peak RSS, and
+the same workload with at most 2 episodes in flight (the published ToolOrchestra code's
+setting), on a subset because at 2 in flight the full run takes minutes.
 
-    python bench/rollout_concurrency.py [--episodes 2000 --turns 5 --capped-episodes 100]
+    python bench/rollout_concurrency.py [--episodes 2000 --turns 5 --workers 2 --capped-episodes 100]
 
 Lower bound with C episodes in flight: max(longest episode, sum of episode critical paths / C),
 where an episode's critical path is the sum over turns of its slowest call (calls of one turn
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import sys
@@ -23,8 +25,9 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from common import peak_rss_mib, record
 from orchestrax.agent import chat
-from orchestrax.agent.episode import Codec, EpisodeConfig, run_episodes
+from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode, run_episodes
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
+from orchestrax.agent.pool import EpisodePool
 from orchestrax.agent.testing import scripted_logprob, tiny_qwen3_tokenizer
 from orchestrax.envs.base import Task
 from orchestrax.rollout.base import GenerateResult
@@ -79,25 +82,52 @@ class PlanSampler:
         return out
 
 
-def run(tokenizer, plan, in_flight: int) -> tuple[float, float, list]:
-    """(wall s, CPU s of this process, trajectories); the sampler's script is built untimed."""
-    task_msgs = ({"role": "system", "content": "You orchestrate tools."},
+TASK_MESSAGES = ({"role": "system", "content": "You orchestrate tools."},
                  {"role": "user", "content": "Do the thing."})
-    tools = [SleepForTool(n) for n in TOOL_NAMES]  # stateless, so shared by every episode
+EXECUTOR = ExecutorConfig(default=ToolLimits(timeout_s=5.0), max_concurrency=None)
 
+
+def tasks_for(plan) -> list[Task]:
+    return [Task(task_id=f"e{i}", messages=TASK_MESSAGES) for i in range(len(plan))]
+
+
+def run(tokenizer, plan, in_flight: int) -> tuple[float, float, list]:
+    """One event loop in this process: (wall s, CPU s of this process, trajectories); the
+    sampler's script is built untimed."""
+    tools = [SleepForTool(n) for n in TOOL_NAMES]  # stateless, so shared by every episode
     sampler = PlanSampler(tokenizer, plan)
 
     async def main():
-        executor = ToolExecutor(ExecutorConfig(default=ToolLimits(timeout_s=5.0),
-                                               max_concurrency=None))
-        jobs = ((Task(task_id=f"e{i}", messages=task_msgs), tools) for i in range(len(plan)))
-        return await run_episodes(sampler, tokenizer, jobs,
-                                  config=EpisodeConfig(), executor=executor,
-                                  max_in_flight=in_flight)
+        jobs = ((task, tools) for task in tasks_for(plan))
+        return await run_episodes(sampler, tokenizer, jobs, config=EpisodeConfig(),
+                                  executor=ToolExecutor(EXECUTOR), max_in_flight=in_flight)
 
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = asyncio.run(main())
     return time.perf_counter() - t0, time.process_time() - c0, trajs
+
+
+class PlanPlayer:
+    """What each pool worker runs: the same sampler, tools and executor settings as `run`."""
+
+    def __init__(self, plan):
+        tokenizer = tiny_qwen3_tokenizer()
+        self.codec = Codec(tokenizer)
+        self.sampler = PlanSampler(tokenizer, plan)
+        self.tools = [SleepForTool(n) for n in TOOL_NAMES]
+        self.executor = None
+
+    async def play(self, task: Task):
+        if self.executor is None:  # made inside the worker's event loop
+            self.executor = ToolExecutor(EXECUTOR)
+        return await run_episode(self.sampler, self.codec, task, self.tools,
+                                 config=EpisodeConfig(), executor=self.executor)
+
+
+def run_pool(pool: EpisodePool, plan) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    trajs = asyncio.run(pool.play(tasks_for(plan)))
+    return time.perf_counter() - t0, trajs
 
 
 def lower_bound(plan, in_flight: int) -> float:
@@ -112,10 +142,24 @@ def check(trajs, plan) -> None:
         assert all(c.ok for c in traj.tool_calls)
 
 
+def worker_stats(pool: EpisodePool) -> tuple[float, float]:
+    """(CPU seconds so far, peak RSS MiB) summed over the pool's live worker processes."""
+    cpu = rss = 0.0
+    for pid in pool.pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/status") as f:
+            rss += next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    return cpu, rss
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=2000)
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=2, help="EpisodePool worker processes")
+    ap.add_argument("--repeats", type=int, default=3, help="pool runs; the median is reported")
     ap.add_argument("--capped-episodes", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-record", action="store_true")
@@ -123,38 +167,59 @@ def main():
 
     tokenizer = tiny_qwen3_tokenizer()
     plan = make_plan(args.episodes, args.turns, args.seed)
+    bound = lower_bound(plan, len(plan))
+    calls = sum(len(c) for turns in plan for c in turns)
+
+    # One event loop in this process.
     run(tokenizer, plan[:50], len(plan))  # warm up imports, caches and the tokenizer
     wall, cpu, trajs = run(tokenizer, plan, in_flight=len(plan))
     check(trajs, plan)
-    bound = lower_bound(plan, len(plan))
     rss = peak_rss_mib()
-    calls = sum(len(c) for turns in plan for c in turns)
     turns = sum(len(t.turns) for t in trajs)
     tokens = sum(len(t.token_ids) for t in trajs)
     del trajs
-
-    # Where the single event loop turns CPU-bound: efficiency at smaller batches.
-    sweep = []
+    sweep = []  # where one event loop turns CPU-bound
     for n in (100, 250, 500):
         w, _, _ = run(tokenizer, plan[:n], in_flight=n)
         sweep.append(f"{n}: {lower_bound(plan[:n], n) / w:.2f}")
+
+    # The same episodes over a pool of worker processes (started once, as in training).
+    t0 = time.perf_counter()
+    with EpisodePool(functools.partial(PlanPlayer, plan), workers=args.workers) as pool:
+        started = time.perf_counter() - t0
+        run_pool(pool, plan[:100])  # warm-up
+        cpu0, _ = worker_stats(pool)
+        walls = []
+        for _ in range(args.repeats):
+            w, trajs = run_pool(pool, plan)
+            check(trajs, plan)
+            walls.append(w)
+            del trajs
+        pool_cpu, pool_rss = worker_stats(pool)
+        pool_cpu = (pool_cpu - cpu0) / args.repeats
+    pool_wall = sorted(walls)[len(walls) // 2]
 
     sub = plan[:args.capped_episodes]
     wall_sub, _, _ = run(tokenizer, sub, in_flight=len(sub))
     wall_cap, _, trajs_cap = run(tokenizer, sub, in_flight=2)
     check(trajs_cap, sub)
     bound_sub, bound_cap = lower_bound(sub, len(sub)), lower_bound(sub, 2)
-    line = (f"rollout_concurrency (CPU, asyncio, 1 event loop): {args.episodes} episodes x "
-            f"{args.turns} turns, {calls} tool calls of 20-100 ms, {tokens:,} trajectory tokens: "
-            f"wall {wall:.2f} s vs critical-path bound {bound:.2f} s, efficiency "
-            f"{bound / wall:.2f} (process CPU {cpu:.2f} s = {cpu / turns * 1e6:.0f} us per "
-            f"assistant turn incl. its tool calls; efficiency at {', '.join(sweep)} episodes); peak RSS {rss:,.0f} MiB; {len(sub)} episodes: "
-            f"all in flight {wall_sub:.2f} s (bound {bound_sub:.2f}, efficiency "
-            f"{bound_sub / wall_sub:.2f}) vs 2 in flight {wall_cap:.1f} s (bound {bound_cap:.1f}, "
-            f"efficiency {bound_cap / wall_cap:.2f}), speedup {wall_cap / wall_sub:.0f}x; "
-            f"throughput at {args.episodes} in flight {args.episodes / wall:.0f} episodes/s vs "
-            f"{len(sub) / wall_cap:.1f} at 2 in flight, ratio "
-            f"{args.episodes / wall / (len(sub) / wall_cap):.0f}x (python bench/rollout_concurrency.py)")
+    line = (f"rollout_concurrency (CPU, {os.cpu_count()} cores): {args.episodes} episodes x "
+            f"{args.turns} turns, {calls} tool calls of 20-100 ms, {tokens:,} trajectory tokens, "
+            f"critical-path bound {bound:.2f} s: EpisodePool of {args.workers} worker processes "
+            f"wall {pool_wall:.2f} s (median of {args.repeats}: "
+            f"{', '.join(f'{w:.2f}' for w in walls)}), efficiency {bound / pool_wall:.2f}, worker "
+            f"CPU {pool_cpu:.2f} s = {pool_cpu / turns * 1e6:.0f} us per assistant turn, worker "
+            f"peak RSS {pool_rss:,.0f} MiB in all, pool start {started:.1f} s; one event loop "
+            f"wall {wall:.2f} s, efficiency {bound / wall:.2f} (CPU {cpu / turns * 1e6:.0f} us "
+            f"per turn; efficiency at {', '.join(sweep)} episodes), peak RSS {rss:,.0f} MiB; "
+            f"{len(sub)} episodes on one loop: all in flight {wall_sub:.2f} s (bound "
+            f"{bound_sub:.2f}, efficiency {bound_sub / wall_sub:.2f}) vs 2 in flight "
+            f"{wall_cap:.1f} s (bound {bound_cap:.1f}, efficiency {bound_cap / wall_cap:.2f}), "
+            f"speedup {wall_cap / wall_sub:.0f}x; throughput {args.episodes / pool_wall:.0f} "
+            f"episodes/s with the pool vs {len(sub) / wall_cap:.1f} at 2 in flight, ratio "
+            f"{args.episodes / pool_wall / (len(sub) / wall_cap):.0f}x "
+            f"(python bench/rollout_concurrency.py)")
     if args.no_record:
         print(line)
     else:
