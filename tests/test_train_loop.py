@@ -123,3 +123,19 @@ def test_bad_train_config_is_named():
         TrainConfig(name="x", model=models.tiny_config(), env="web")
     with pytest.raises(ValueError, match="server_urls is empty"):
         RolloutConfig(backend="sglang")
+
+
+@pytest.mark.slow
+def test_rollouts_in_worker_processes(tmp_path, caplog):
+    """rollout.workers=2: episodes run in an EpisodePool whose workers call the trainer's
+    embedded sampler over loopback HTTP; the step sees whole, verified trajectories."""
+    base = tiny_run(tmp_path, steps=1, sft_steps=0)
+    cfg = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, workers=2),
+                              eval_every=0)
+    with caplog.at_level("INFO", logger="orchestrax"):
+        history = train(cfg)
+    assert any("2 episode workers started (sampler at http://127.0.0.1:" in r.getMessage()
+               for r in caplog.records)
+    (row,) = [h for h in history if h["phase"] == "rl"]
+    assert row["tokens_mean"] > 500 and row["turns_mean"] >= 1
+    assert 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["loss"])

@@ -30,7 +30,9 @@ class RolloutConfig:
     max_turns: int = 50
     context_tokens: int = 24_000
     enable_thinking: bool = True
-    max_in_flight: int = 1024               # episodes alive at once
+    max_in_flight: int = 1024               # episodes alive at once (over all workers)
+    workers: int = 0                        # 0: episodes on the trainer's event loop; N: an
+                                            # EpisodePool of N processes (see train/episodes.py)
     sampler_max_batch: int = 64             # embedded sampler batch
     weight_sync_dir: str = "/tmp/orchestrax_weights"  # sglang: HF dirs written here per step
 
@@ -44,6 +46,9 @@ class RolloutConfig:
                      "context_tokens", "max_in_flight", "sampler_max_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name}={getattr(self, name)}; must be >= 1")
+        if self.workers < 0:
+            raise ValueError(f"RolloutConfig.workers={self.workers}; must be >= 0 (0 runs "
+                             "episodes in the trainer process)")
         if self.group_size < 2:
             raise ValueError(f"RolloutConfig.group_size={self.group_size}; GRPO needs >= 2")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -22,12 +23,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from orchestrax import models, parallel, rl
-from orchestrax.agent.episode import Codec, EpisodeConfig, run_episodes
+from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
 from orchestrax.agent.executor import ToolExecutor
+from orchestrax.agent.pool import EpisodePool
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Environment, Task
 from orchestrax.rollout.base import SamplingParams
-from orchestrax.train import batching, setup
+from orchestrax.train import batching, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 
@@ -64,6 +66,8 @@ class Trainer:
                      meta["step"])
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
+        self.pool: EpisodePool | None = None  # rollout.workers > 0: started by _rl
+        self._server = None
         self.episode_cfg = EpisodeConfig(
             max_turns=cfg.rollout.max_turns, context_tokens=cfg.rollout.context_tokens,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -124,6 +128,13 @@ class Trainer:
         return history
 
     async def _rl(self) -> list[dict[str, Any]]:
+        await self._start_workers()
+        try:
+            return await self._rl_steps()
+        finally:
+            await self._stop_workers()
+
+    async def _rl_steps(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         history = []
         self._setup_reference()
@@ -177,29 +188,56 @@ class Trainer:
     async def _rollout(self, tasks: Sequence[Task], group: int,
                        temperature: float | None = None
                        ) -> tuple[list[list[Trajectory]], np.ndarray]:
-        """G episodes per task, all in flight at once; returns the groups and outcomes [Q, G]."""
+        """G episodes per task, all in flight at once (up to rollout.max_in_flight); returns
+        the groups and outcomes [Q, G]."""
         cfg = self.episode_cfg
         if temperature is not None:
             cfg = dataclasses.replace(cfg, sampling=SamplingParams(
                 temperature=temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
-        runs = [t for t in tasks for _ in range(group)]
-        users = [self.env.user_for(t) if hasattr(self.env, "user_for") else None for t in runs]
-        if hasattr(self.env, "open"):  # conversational domains: the user speaks first
-            opened = await asyncio.gather(*(self.env.open(t, u) for t, u in zip(runs, users)
-                                            if u is not None))
-            it = iter(opened)
-            starts = [next(it) if u is not None else t for t, u in zip(runs, users)]
+        jobs = [episodes.EpisodeJob(task=t, episode=cfg) for t in tasks for _ in range(group)]
+        if self.pool is not None:
+            played = await self.pool.play(jobs)
         else:
-            starts = runs
-        user_of = {id(t): u for t, u in zip(starts, users)}
-        trajs = await run_episodes(self.sampler, self.codec,
-                                   [(t, self.env.tools(t)) for t in starts], config=cfg,
-                                   executor=self.executor,
-                                   max_in_flight=self.cfg.rollout.max_in_flight,
-                                   user_for=lambda t: user_of[id(t)])
-        outcomes = await asyncio.gather(*(self.env.verify(t, tr) for t, tr in zip(runs, trajs)))
+            gate = asyncio.Semaphore(self.cfg.rollout.max_in_flight)
+
+            async def one(job):
+                async with gate:
+                    return await episodes.play(self.env, self.sampler, self.codec,
+                                               self.executor, job)
+
+            with young_gc_threshold(50_000):
+                played = await asyncio.gather(*(one(job) for job in jobs))
+        trajs = [traj for traj, _ in played]
+        outcomes = np.asarray([outcome for _, outcome in played], np.float32)
         groups = [trajs[i * group:(i + 1) * group] for i in range(len(tasks))]
-        return groups, np.asarray(outcomes, np.float32).reshape(len(tasks), group)
+        return groups, outcomes.reshape(len(tasks), group)
+
+    async def _start_workers(self) -> None:
+        """rollout.workers > 0: the episode pool, and for the embedded sampler a loopback
+        server the workers' SGLang clients call (same sampler object, so weight updates apply)."""
+        r = self.cfg.rollout
+        if not r.workers:
+            return
+        urls = tuple(r.server_urls)
+        if r.backend == "embedded":
+            from orchestrax.rollout import server
+            self._server = await server.start(server.ServerState(
+                sampler=self.sampler, model_path=str(self.out / "model"),
+                tokenizer=self.tokenizer))
+            urls = (f"http://127.0.0.1:{server.bound_port(self._server)}",)
+        build = functools.partial(episodes.EpisodePlayer, self.cfg, urls)
+        self.pool = await asyncio.to_thread(
+            EpisodePool, build, workers=r.workers,
+            max_in_flight=max(1, r.max_in_flight // r.workers))
+        log.info("%d episode workers started (sampler at %s)", r.workers, ", ".join(urls))
+
+    async def _stop_workers(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self._server is not None:
+            await self._server.cleanup()  # also closes the sampler it serves
+            self._server = None
 
     def _make_batch(self, tasks, groups, outcome) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Reward, advantages and filters over [Q, G], then the packed [Q·G, T] batch."""

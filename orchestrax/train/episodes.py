@@ -1,0 +1,61 @@
+"""One training episode, start to verdict, and where episodes run.
+
+`play` is the whole life of one rollout: the environment's user (if it has one) opens the
+conversation, the episode runs, the environment scores it. The trainer runs it either on its own
+event loop (`rollout.workers == 0`) or inside the worker processes of an `EpisodePool`
+(`rollout.workers > 0`), where `EpisodePlayer` rebuilds the environment and tokenizer from the
+run's config and talks to the sampler over HTTP: the SGLang fleet, or the trainer's embedded
+sampler served on a loopback port (`orchestrax.rollout.server`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from orchestrax.agent.codec import Codec
+from orchestrax.agent.episode import EpisodeConfig, run_episode
+from orchestrax.agent.executor import ToolExecutor
+from orchestrax.agent.trajectory import Trajectory
+from orchestrax.envs.base import Environment, Task
+from orchestrax.rollout.base import Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeJob:
+    """What a worker needs to know about one rollout (picklable)."""
+
+    task: Task
+    episode: EpisodeConfig
+
+
+async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolExecutor,
+               job: EpisodeJob) -> tuple[Trajectory, float]:
+    """(trajectory, outcome) of one episode of `job.task`."""
+    task = job.task
+    user = env.user_for(task) if hasattr(env, "user_for") else None
+    start = task
+    if user is not None and hasattr(env, "open"):  # conversational domains: the user speaks first
+        start = await env.open(task, user)
+    trajectory = await run_episode(sampler, codec, start, env.tools(start), config=job.episode,
+                                   executor=executor, user=user)
+    return trajectory, await env.verify(task, trajectory)
+
+
+class EpisodePlayer:
+    """Runs in each `EpisodePool` worker: the run's environment and tokenizer, rebuilt from its
+    config, and an SGLang client for the sampler at `sampler_urls`."""
+
+    def __init__(self, cfg: Any, sampler_urls: tuple[str, ...]):
+        from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
+        from orchestrax.train import setup
+
+        self.env = setup.make_env(cfg)
+        self.codec = Codec(setup.load_tokenizer(cfg.tokenizer))
+        self.sampler = SGLangClient(SGLangClientConfig(urls=sampler_urls))
+        self.executor: ToolExecutor | None = None
+
+    async def play(self, job: EpisodeJob) -> tuple[Trajectory, float]:
+        if self.executor is None:  # made inside the worker's event loop
+            self.executor = ToolExecutor()
+        return await play(self.env, self.sampler, self.codec, self.executor, job)
