@@ -27,6 +27,7 @@ import threading
 import traceback
 from typing import Any, Callable, Protocol, Sequence
 
+from orchestrax.agent.episode import young_gc_threshold
 
 
 class Player(Protocol):
@@ -112,7 +113,7 @@ def _send_all(conn, outbox: queue.SimpleQueue) -> None:
 
 class EpisodePool:
     """`workers` processes playing episodes; `await pool.play(jobs)` returns results in job
-    order. Use as a context manager, or call `close()`."""
+    order (one `play` at a time). Use as a context manager, or call `close()`."""
 
     def __init__(self, build: Callable[[], Player], *, workers: int, max_in_flight: int = 4096):
         if workers < 1:
@@ -159,8 +160,10 @@ class EpisodePool:
         shares = [list(jobs[w::n]) for w in range(n)]
         # Every share runs to its end before an error is raised: a worker's pipe must never have
         # two readers (this batch's and the next one's).
-        done = await asyncio.gather(*(self._play_share(w, s) for w, s in enumerate(shares) if s),
-                                    return_exceptions=True)
+        with young_gc_threshold(50_000):  # unpickling thousands of trajectories
+            done = await asyncio.gather(
+                *(self._play_share(w, s) for w, s in enumerate(shares) if s),
+                return_exceptions=True)
         for outcome in done:
             if isinstance(outcome, BaseException):
                 raise outcome
