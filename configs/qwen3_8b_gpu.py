@@ -21,7 +21,9 @@ def config() -> TrainConfig:
         # Published run: clip 0.2/0.28, advantages clipped to ±3, homogeneity filter 0.1.
         grpo=GRPOConfig(clip_low=0.2, clip_high=0.28, dual_clip=10.0, adv_clip=3.0,
                         min_group_std=0.1, agg="token-mean", ppo_epochs=1, num_minibatches=4,
-                        num_microbatches=8, tis_cap=2.0),
+                        num_microbatches=8, tis_cap=2.0,
+                        # 24k-token episodes x 151,936 vocab: logits 1024 positions at a time.
+                        logprob_chunk=1024),
         optim=OptimizerConfig(lr=1e-6, warmup_steps=10, schedule="constant", total_steps=10_000,
                               weight_decay=0.01, max_grad_norm=1.0),
         rollout=RolloutConfig(backend="sglang", server_urls=SGLANG_URLS, group_size=8,

@@ -213,3 +213,5 @@ def test_bad_arguments_name_field_and_values():
         rl.OptimizerConfig(schedule="linear")
     with pytest.raises(ValueError, match="GRPOConfig.clip_low=1.5; must be in"):
         rl.GRPOConfig(clip_low=1.5)
+    with pytest.raises(ValueError, match="GRPOConfig.logprob_chunk=0; must be None or >= 1"):
+        rl.GRPOConfig(logprob_chunk=0)

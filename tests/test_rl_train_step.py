@@ -62,6 +62,17 @@ def test_accumulation_over_4_microbatches_equals_one_batch(big_step):
         assert float(m1[k]) == pytest.approx(float(m4[k]), abs=1e-6)
 
 
+def test_chunked_logprobs_give_the_same_update(big_step):
+    batch = make_batch()
+    chunked = rl.make_train_step(MCFG, rl.GRPOConfig(agg="seq-mean-token-mean",
+                                                     compute_entropy=False, logprob_chunk=4),
+                                 OCFG)
+    s1, m1 = big_step(fresh_state(), batch)
+    s2, m2 = chunked(fresh_state(), batch)
+    assert float(m1["loss"]) == pytest.approx(float(m2["loss"]), abs=1e-6)
+    assert max_diff(s1.params, s2.params) <= 1e-5
+
+
 def test_non_finite_loss_skips_update_and_counts(big_step):
     batch = make_batch()
     batch["advantages"][3] = np.nan

@@ -42,6 +42,8 @@ class GRPOConfig:
     tis_cap: float | None = None            # truncated importance weight cap vs sampler logprobs
     temperature: float = 1.0                # logprobs are log_softmax(logits / temperature)
     compute_entropy: bool = True            # entropy is a metric only; costs one extra reduction
+    logprob_chunk: int | None = None        # positions per chunk of the [B, T, V] logits (None:
+                                            # all at once); ~1024 for long Qwen3 sequences
     # Advantages (used by `compute_advantages`).
     adv_estimator: str = "grpo"
     adv_eps: float = 1e-6
@@ -72,6 +74,8 @@ class GRPOConfig:
         _check(self.kl_coef >= 0, n, "kl_coef", self.kl_coef, ">= 0")
         _check(self.tis_cap is None or self.tis_cap > 0, n, "tis_cap", self.tis_cap, "None or > 0")
         _check(self.temperature > 0, n, "temperature", self.temperature, "> 0")
+        _check(self.logprob_chunk is None or self.logprob_chunk >= 1, n, "logprob_chunk",
+               self.logprob_chunk, "None or >= 1")
         check_choice(n, "adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
         _check(self.adv_eps >= 0, n, "adv_eps", self.adv_eps, ">= 0")
         _check(self.adv_ddof in (0, 1), n, "adv_ddof", self.adv_ddof, "0 or 1")

@@ -123,7 +123,8 @@ def _split(x: jax.Array, M: int, K: int, mesh: Mesh | None, rules: parallel.Rule
 
 def _logprobs(mcfg, gcfg, params, tokens, attn):
     out = models.token_logprobs(mcfg, params, tokens, attn, temperature=gcfg.temperature,
-                                return_entropy=gcfg.compute_entropy)
+                                return_entropy=gcfg.compute_entropy,
+                                chunk_size=gcfg.logprob_chunk)
     return out if gcfg.compute_entropy else (out, None)
 
 

@@ -181,8 +181,9 @@ class Trainer:
             ckptr.save(path, self.ref_params)
             ckptr.wait_until_finished()
         temperature = self.cfg.grpo.temperature
+        chunk = self.cfg.grpo.logprob_chunk
         self._ref_logprobs = jax.jit(lambda p, t, m: models.token_logprobs(
-            self.model_cfg, p, t, m, temperature=temperature))
+            self.model_cfg, p, t, m, temperature=temperature, chunk_size=chunk))
 
     # --- pieces --------------------------------------------------------------------------------
     async def _rollout(self, tasks: Sequence[Task], group: int,
