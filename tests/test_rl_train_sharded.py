@@ -83,3 +83,18 @@ def test_state_sharded_and_donated(both):
     assert mu.sharding.spec == PartitionSpec(None, "fsdp")
     assert first.params["embed"].is_deleted()       # donated into the step
     assert s8.step.sharding.spec == PartitionSpec()
+
+
+def test_no_involuntary_rematerialisation(capfd):
+    """XLA's partitioner warns when it can only re-lay a tensor out by replicating it; the
+    embedding lookup's backward used to do that (batch-sharded cotangent -> fsdp-sharded table).
+    A step of its own (one epoch, one micro-batch) so that it compiles here, under capfd."""
+    mesh = parallel.make_mesh(parallel.MeshConfig(axes=(("data", 2), ("fsdp", 4),
+                                                        ("tensor", 1))))
+    gcfg = rl.GRPOConfig(num_minibatches=2, kl_coef=1e-2, agg="token-mean")
+    step = rl.make_train_step(MCFG, gcfg, OCFG, mesh)
+    state = jax.device_put(rl.init_state(models.init_params(MCFG, seed=0), OCFG),
+                           step.state_shardings)
+    _, metrics = step(state, batch(seed=3))
+    assert np.isfinite(float(metrics["loss"]))
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err

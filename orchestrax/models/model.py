@@ -131,7 +131,11 @@ def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, mask_BTS, cac
 
 
 def _embed(cfg: ModelConfig, params: Params, input_ids_BT) -> jax.Array:
-    x = jnp.take(params["embed"], input_ids_BT, axis=0).astype(jnp.dtype(cfg.dtype))
+    # Gather the table's embed dimension first (FSDP's all-gather, made explicit): a lookup
+    # into the fsdp-sharded table would need its batch-sharded cotangent re-laid out along
+    # embed in the backward pass, which XLA's partitioner can only do by replicating it.
+    table = constrain(params["embed"], ("vocab", "act_embed"))
+    x = jnp.take(table, input_ids_BT, axis=0).astype(jnp.dtype(cfg.dtype))
     return constrain(x, ("batch", "seq", "act_embed"))
 
 
