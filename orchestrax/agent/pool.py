@@ -32,6 +32,7 @@ from orchestrax.agent.episode import young_gc_threshold
 
 class Player(Protocol):
     async def play(self, job: Any) -> Any: ...
+    # Optional: `async def aclose(self)`, awaited in the worker when the pool closes.
 
 
 class WorkerError(RuntimeError):
@@ -99,6 +100,8 @@ def _worker_main(conn, build: Callable[[], Player], max_in_flight: int) -> None:
                 outbox.put(("done", None))
             except Exception:
                 outbox.put(("error", traceback.format_exc()))
+        if hasattr(player, "aclose"):  # e.g. HTTP sessions of the player's sampler client
+            runner.run(player.aclose())
     outbox.put(None)
     sender.join()
 

@@ -59,3 +59,6 @@ class EpisodePlayer:
         if self.executor is None:  # made inside the worker's event loop
             self.executor = ToolExecutor()
         return await play(self.env, self.sampler, self.codec, self.executor, job)
+
+    async def aclose(self) -> None:
+        await self.sampler.aclose()
