@@ -5,7 +5,7 @@ process and for an `EpisodePool` of worker processes (each its own event loop), 
 the same workload with at most 2 episodes in flight (the published ToolOrchestra code's
 setting), on a subset because at 2 in flight the full run takes minutes.
 
-    python bench/rollout_concurrency.py [--episodes 2000 --turns 5 --workers 2 --capped-episodes 100]
+    python bench/rollout_concurrency.py [--episodes 2000 --turns 5 --workers N --capped-episodes 100]
 
 Lower bound with C episodes in flight: max(longest episode, sum of episode critical paths / C),
 where an episode's critical path is the sum over turns of its slowest call (calls of one turn
@@ -158,7 +158,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=2000)
     ap.add_argument("--turns", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=2, help="EpisodePool worker processes")
+    ap.add_argument("--workers", type=int, default=os.cpu_count(),
+                    help="EpisodePool worker processes (default: one per core)")
     ap.add_argument("--repeats", type=int, default=3, help="pool runs; the median is reported")
     ap.add_argument("--capped-episodes", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
