@@ -256,13 +256,16 @@ async def run_episodes(sampler: Sampler, tokenizer,
                 sampler, codec, task, tools, config=config, executor=executor,
                 user=user_for(task) if user_for is not None else None)
 
-    with young_gc_threshold(50_000):
+    with young_gc_threshold():
         await asyncio.gather(*(worker() for _ in range(max_in_flight)))
     return [results[i] for i in range(len(results))]
 
 
+YOUNG_GC_THRESHOLD = 50_000  # allocations between young-generation collections (default 700)
+
+
 @contextlib.contextmanager
-def young_gc_threshold(threshold: int) -> Iterator[None]:
+def young_gc_threshold(threshold: int = YOUNG_GC_THRESHOLD) -> Iterator[None]:
     """Collect the young generation less often while episodes run. Thousands of episodes in
     flight allocate coroutine frames, handles and futures that die young, and each collection
     that reaches the old generation walks every live trajectory's token lists: with the default

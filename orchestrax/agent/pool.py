@@ -27,7 +27,7 @@ import threading
 import traceback
 from typing import Any, Callable, Protocol, Sequence
 
-from orchestrax.agent.episode import young_gc_threshold
+from orchestrax.agent.episode import YOUNG_GC_THRESHOLD, young_gc_threshold
 
 
 class Player(Protocol):
@@ -56,7 +56,7 @@ def _worker_main(conn, build: Callable[[], Player], max_in_flight: int) -> None:
     # every full collection walks each live trajectory's token lists. Frozen: what `build` made.
     gc.collect()
     gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     sender = threading.Thread(target=_send_all, args=(conn, outbox), daemon=True)
     sender.start()
@@ -129,10 +129,6 @@ class EpisodePool:
         self._workers = [self._start() for _ in range(workers)]
 
     @property
-    def workers(self) -> int:
-        return len(self._workers)
-
-    @property
     def pids(self) -> list[int]:
         return [proc.pid for proc, _ in self._workers]
 
@@ -163,7 +159,7 @@ class EpisodePool:
         shares = [list(jobs[w::n]) for w in range(n)]
         # Every share runs to its end before an error is raised: a worker's pipe must never have
         # two readers (this batch's and the next one's).
-        with young_gc_threshold(50_000):  # unpickling thousands of trajectories
+        with young_gc_threshold():  # unpickling thousands of trajectories
             done = await asyncio.gather(
                 *(self._play_share(w, s) for w, s in enumerate(shares) if s),
                 return_exceptions=True)

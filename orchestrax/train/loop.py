@@ -206,7 +206,7 @@ class Trainer:
                     return await episodes.play(self.env, self.sampler, self.codec,
                                                self.executor, job)
 
-            with young_gc_threshold(50_000):
+            with young_gc_threshold():
                 played = await asyncio.gather(*(one(job) for job in jobs))
         trajs = [traj for traj, _ in played]
         outcomes = np.asarray([outcome for _, outcome in played], np.float32)
