@@ -11,8 +11,8 @@ from orchestrax.agent.testing import SleepTool, tiny_qwen3_tokenizer
 from orchestrax.envs.base import Task
 from orchestrax.rollout.base import SamplingParams
 
-models = pytest.importorskip("orchestrax.models")
-embedded = pytest.importorskip("orchestrax.rollout.embedded")
+from orchestrax import models
+from orchestrax.rollout import embedded
 
 
 @pytest.mark.slow

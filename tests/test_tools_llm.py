@@ -48,7 +48,6 @@ def tool_for(url, role="generalist", **kw):
 
 
 def test_against_orchestrax_serve_cost_is_tokens_times_prices():
-    pytest.importorskip("orchestrax.rollout.server")
     from orchestrax import models
     from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
     from orchestrax.rollout.embedded import EmbeddedSampler

@@ -60,7 +60,7 @@ class LLMToolConfig:
     role: Role
     chat: ChatConfig
     price_model: str | None = None       # key in the pricing sheet; None means chat.model
-    description: str | None = None       # e.g. written by tools/describe_llm_tool.py
+    description: str | None = None       # e.g. written by scripts/describe_llm_tool.py
     sandbox: SandboxConfig = SandboxConfig()   # used by the coder role only
     latency_s: float = 5.0               # nominal, for the spec
 

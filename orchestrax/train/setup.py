@@ -50,7 +50,7 @@ def load_params(cfg: TrainConfig, mesh) -> tuple[models.ModelConfig, Any]:
 
 def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tokenizer) -> None:
     """config.json and the tokenizer next to the checkpoints, so a run exports on its own
-    (tools/export_hf.py) and SGLang weight-sync directories get a tokenizer."""
+    (scripts/export_hf.py) and SGLang weight-sync directories get a tokenizer."""
     directory.mkdir(parents=True, exist_ok=True)
     hf = models.config_to_hf(model_cfg, model_cfg.param_dtype)
     (directory / "config.json").write_text(json.dumps(hf, indent=2))
