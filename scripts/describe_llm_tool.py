@@ -18,7 +18,7 @@ import asyncio
 import json
 import pathlib
 
-from orchestrax.tools.chat_client import ChatConfig
+from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.describe import attempts_to_json, describe_tool, load_tasks
 from orchestrax.tools.llm_tool import ROLES, LLMTool, LLMToolConfig
 from orchestrax.tools.sheets import load_sheet
@@ -48,11 +48,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     config = LLMToolConfig(
         name=args.name, role=args.role, price_model=args.price_model,
-        chat=ChatConfig(base_url=args.tool_url, model=args.tool_model, api_key_env=args.tool_key_env,
+        chat=ChatEndpoint(base_url=args.tool_url, model=args.tool_model, api_key_env=args.tool_key_env,
                         max_tokens=args.max_tokens, temperature=args.temperature,
                         seed=args.seed))
     tool = LLMTool(config, load_sheet(args.sheet).model_pricing(config.pricing_key))
-    describer = ChatConfig(base_url=args.describer_url, model=args.describer_model,
+    describer = ChatEndpoint(base_url=args.describer_url, model=args.describer_model,
                            api_key_env=args.describer_key_env, max_tokens=512,
                            temperature=args.temperature, seed=args.seed)
     description, attempts = asyncio.run(

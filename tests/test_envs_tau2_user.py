@@ -12,7 +12,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.envs import tau2
-from orchestrax.envs.openai_chat import ChatEndpoint, ChatError, chat as chat_call
+from orchestrax.tools.chat_client import ChatEndpoint, ChatError, chat as chat_call
 from orchestrax.envs.tau2.env import Tau2Env
 from orchestrax.envs.tau2.user import GREETING, LLMUser, ScriptedUser, flip_roles, render_scenario
 from orchestrax.envs.tau2.verify import gold_actions

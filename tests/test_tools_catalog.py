@@ -9,7 +9,7 @@ import pytest
 
 from orchestrax.tools.base import Pricing, ToolError, ToolSpec
 from orchestrax.tools.catalog import CatalogConfig, build_catalog
-from orchestrax.tools.chat_client import ChatConfig
+from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import LLMTool, LLMToolConfig
 from orchestrax.tools.randomize import (RandomizeConfig, apply_config, instance_seed, reprice,
                                         sample_config)
@@ -21,13 +21,13 @@ from orchestrax.tools.web_search import WebSearchConfig
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 URL = "http://127.0.0.1:9"
 LLMS = (
-    LLMToolConfig(name="gpt5", role="generalist", chat=ChatConfig(base_url=URL, model="gpt-5")),
-    LLMToolConfig(name="gpt5_mini", role="generalist", chat=ChatConfig(base_url=URL, model="gpt-5-mini")),
-    LLMToolConfig(name="math_72b", role="math", chat=ChatConfig(base_url=URL, model="m"),
+    LLMToolConfig(name="gpt5", role="generalist", chat=ChatEndpoint(base_url=URL, model="gpt-5")),
+    LLMToolConfig(name="gpt5_mini", role="generalist", chat=ChatEndpoint(base_url=URL, model="gpt-5-mini")),
+    LLMToolConfig(name="math_72b", role="math", chat=ChatEndpoint(base_url=URL, model="m"),
                   price_model="qwen2.5-math-72b"),
-    LLMToolConfig(name="coder_32b", role="coder", chat=ChatConfig(base_url=URL, model="c"),
+    LLMToolConfig(name="coder_32b", role="coder", chat=ChatEndpoint(base_url=URL, model="c"),
                   price_model="qwen2.5-coder-32b"),
-    LLMToolConfig(name="llama_70b", role="generalist", chat=ChatConfig(base_url=URL, model="llama-3.3-70b")),
+    LLMToolConfig(name="llama_70b", role="generalist", chat=ChatEndpoint(base_url=URL, model="llama-3.3-70b")),
 )
 
 
@@ -118,7 +118,7 @@ def test_catalog_without_a_key_leaves_web_search_out_with_a_notice(monkeypatch, 
     assert len(notices) == 1 and "ORCHESTRAX_TEST_NO_KEY" in notices[0]
     with pytest.raises(KeyError, match="no-such-model"):
         build_catalog(CatalogConfig(python=None, web=None, llms=(LLMToolConfig(
-            name="x", role="generalist", chat=ChatConfig(base_url=URL, model="no-such-model")),)))
+            name="x", role="generalist", chat=ChatEndpoint(base_url=URL, model="no-such-model")),)))
     with pytest.raises(ValueError, match="duplicate"):
         CatalogConfig(llms=(LLMS[0], LLMS[0]))
 

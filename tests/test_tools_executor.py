@@ -9,7 +9,7 @@ import pytest
 
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.tools.catalog import CatalogConfig, build_catalog
-from orchestrax.tools.chat_client import ChatConfig
+from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import LLMToolConfig
 from orchestrax.tools.sandbox import SandboxConfig
 
@@ -27,7 +27,7 @@ def live_sandbox_processes() -> int:
 def test_real_tools_through_the_executor():
     tools = build_catalog(CatalogConfig(python=SANDBOX, web=None, llms=(LLMToolConfig(
         name="gpt5", role="generalist",
-        chat=ChatConfig(base_url="http://127.0.0.1:9", model="gpt-5", timeout_s=2)),)))
+        chat=ChatEndpoint(base_url="http://127.0.0.1:9", model="gpt-5", timeout_s=2)),)))
     ex = ToolExecutor(ExecutorConfig(per_tool={
         "python": ToolLimits(timeout_s=1.0, max_attempts=1),
         "gpt5": ToolLimits(timeout_s=5.0, max_attempts=2, backoff_s=0.05)}))

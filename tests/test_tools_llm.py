@@ -11,7 +11,7 @@ from aiohttp import web
 from loopback import serve_app
 
 from orchestrax.tools.base import Pricing, ToolError
-from orchestrax.tools.chat_client import ChatConfig
+from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import ROLES, LLMTool, LLMToolConfig, extract_code
 from orchestrax.tools.sandbox import SandboxConfig
 from orchestrax.tools.sheets import load_sheet
@@ -43,7 +43,7 @@ async def openai_server(reply: str | None = None, status: int = 200, usage=(11, 
 
 def tool_for(url, role="generalist", **kw):
     return LLMTool(LLMToolConfig(name=f"{role}_llm", role=role,
-                                 chat=ChatConfig(base_url=url, model="gpt-5", max_tokens=64), **kw),
+                                 chat=ChatEndpoint(base_url=url, model="gpt-5", max_tokens=64), **kw),
                    PRICE)
 
 
@@ -66,7 +66,7 @@ def test_against_orchestrax_serve_cost_is_tokens_times_prices():
         try:
             tool = LLMTool(LLMToolConfig(
                 name="qwen3_32b", role="generalist", price_model="qwen3-32b",
-                chat=ChatConfig(base_url=url, model="orchestrax", max_tokens=8, seed=0)),
+                chat=ChatEndpoint(base_url=url, model="orchestrax", max_tokens=8, seed=0)),
                 sheet.model_pricing("qwen3-32b"))
             return tool, await tool({"query": "What is 2 + 2?"})
         finally:
@@ -157,11 +157,11 @@ def test_dead_server_malformed_body_and_bad_arguments():
 
 def test_config_validation():
     with pytest.raises(ValueError, match="role"):
-        LLMToolConfig(name="x", role="poet", chat=ChatConfig(base_url="http://h", model="m"))
+        LLMToolConfig(name="x", role="poet", chat=ChatEndpoint(base_url="http://h", model="m"))
     with pytest.raises(ValueError, match="base_url"):
-        ChatConfig(base_url="localhost:8000", model="m")
+        ChatEndpoint(base_url="localhost:8000", model="m")
     with pytest.raises(ValueError, match="per_token"):
         LLMTool(LLMToolConfig(name="x", role="generalist",
-                              chat=ChatConfig(base_url="http://h", model="m")), Pricing())
+                              chat=ChatEndpoint(base_url="http://h", model="m")), Pricing())
     assert extract_code("no code") is None
     assert extract_code("```py\nx = 1\n```") == "x = 1"

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Task
-from orchestrax.envs.openai_chat import ChatEndpoint, ChatError
+from orchestrax.tools.chat_client import ChatEndpoint, ChatError
 from orchestrax.envs.qa_grading import exact_match, judge_match, math_match
 
 log = logging.getLogger(__name__)

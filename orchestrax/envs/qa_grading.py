@@ -9,7 +9,7 @@ from typing import Sequence
 
 import aiohttp
 
-from orchestrax.envs.openai_chat import ChatEndpoint, chat
+from orchestrax.tools.chat_client import ChatEndpoint, chat
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)

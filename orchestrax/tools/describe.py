@@ -14,7 +14,7 @@ import string
 from typing import Any, Callable, Sequence
 
 from orchestrax.tools.base import Tool, ToolError
-from orchestrax.tools.chat_client import ChatConfig, chat
+from orchestrax.tools.chat_client import ChatEndpoint, chat
 
 Grader = Callable[[str, str], bool]   # (tool output, reference answer) -> correct?
 
@@ -99,7 +99,7 @@ def describer_prompt(tool_name: str, attempts: Sequence[Attempt], *, chars: int 
     return "\n".join(lines)
 
 
-async def describe_tool(tool: Tool, describer: ChatConfig, tasks: Sequence[tuple[str, str]], *,
+async def describe_tool(tool: Tool, describer: ChatEndpoint, tasks: Sequence[tuple[str, str]], *,
                         n: int = 10, seed: int = 0, grade: Grader = contains_answer
                         ) -> tuple[str, list[Attempt]]:
     """-> (description, attempts). Samples `n` tasks with `seed`."""

@@ -12,7 +12,7 @@ import re
 from typing import Any, Literal
 
 from orchestrax.tools.base import Category, Pricing, ToolResult, ToolSpec
-from orchestrax.tools.chat_client import ChatConfig, chat
+from orchestrax.tools.chat_client import ChatEndpoint, chat
 from orchestrax.tools.sandbox import SandboxConfig, check_available, run_python
 from orchestrax.tools.specs import check_arguments, object_schema
 
@@ -58,7 +58,7 @@ def extract_code(text: str) -> str | None:
 class LLMToolConfig:
     name: str
     role: Role
-    chat: ChatConfig
+    chat: ChatEndpoint
     price_model: str | None = None       # key in the pricing sheet; None means chat.model
     description: str | None = None       # e.g. written by scripts/describe_llm_tool.py
     sandbox: SandboxConfig = SandboxConfig()   # used by the coder role only
@@ -107,7 +107,8 @@ class LLMTool:
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolResult:
         args = check_arguments(self.spec, arguments)
-        reply = await chat(self.config.chat, self.messages(args))
+        # retries=0: the executor already retries a transient failure of the tool.
+        reply = await chat(self.config.chat, self.messages(args), retries=0)
         cost = self.spec.pricing.cost(input_tokens=reply.input_tokens,
                                       output_tokens=reply.output_tokens)
         observation, seconds = reply.text, reply.seconds

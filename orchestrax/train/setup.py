@@ -1,4 +1,4 @@
-"""Builders the loop calls once: tokenizer, params, environment, update, sampler, demos."""
+"""Builders the loop calls once: tokenizer, params, environment, sampler, demos."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import asyncio
 import json
 import logging
 import pathlib
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 
-from orchestrax import models, rl
+from orchestrax import models
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
 from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Environment, Task
-from orchestrax.rl.train_step import TrainState, init_state, make_train_step
 from orchestrax.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ def make_env(cfg: TrainConfig) -> Environment:
         return RoutingEnv(RoutingConfig(seed=cfg.seed, **kwargs))
     if cfg.env == "tau2":
         from orchestrax.envs import tau2
-        from orchestrax.envs.openai_chat import ChatEndpoint
+        from orchestrax.tools.chat_client import ChatEndpoint
         domain = kwargs.pop("domain")
         user = kwargs.pop("user_url", None)
         endpoint = ChatEndpoint(base_url=user, model=kwargs.pop("user_model", "default"),
@@ -72,19 +71,6 @@ def make_env(cfg: TrainConfig) -> Environment:
         return tau2.Tau2Env(domain, user_endpoint=endpoint, **kwargs)
     from orchestrax.envs import qa
     return qa.QAEnv(**kwargs)
-
-
-class Update(NamedTuple):
-    init: Callable[[Any], TrainState]                 # params -> sharded TrainState
-    step: Callable[[TrainState, dict], tuple[TrainState, dict]]
-
-
-def make_update(model_cfg: models.ModelConfig, mesh, grpo: rl.GRPOConfig,
-                optim: rl.OptimizerConfig) -> Update:
-    """The jitted, sharded, donated train step and its state initialiser."""
-    step = make_train_step(model_cfg, grpo, optim, mesh)
-    init = jax.jit(lambda p: init_state(p, optim), out_shardings=step.state_shardings)
-    return Update(init, step)
 
 
 def make_sampler(cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any):

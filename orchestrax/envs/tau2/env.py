@@ -14,7 +14,7 @@ import pathlib
 from orchestrax.agent.episode import UserResponder
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Task
-from orchestrax.envs.openai_chat import ChatEndpoint
+from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.envs.tau2.domain import DomainTool, Tau2Domain, load_domain
 from orchestrax.envs.tau2.user import GREETING, LLMUser
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import aiohttp
 
 from orchestrax.agent.episode import UserReply
-from orchestrax.envs.openai_chat import ChatEndpoint, ChatError, chat
+from orchestrax.tools.chat_client import ChatEndpoint, ChatError, chat
 from orchestrax.envs.tau2.verify import visible_text
 
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
