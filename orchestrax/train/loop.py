@@ -29,7 +29,7 @@ from orchestrax.agent.pool import EpisodePool
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Environment, Task
 from orchestrax.rollout.base import SamplingParams
-from orchestrax.train import batching, episodes, setup
+from orchestrax.train import batching, config, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 
@@ -41,14 +41,19 @@ class Trainer:
         self.cfg = cfg
         self.out = pathlib.Path(cfg.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        # Everything that can be wrong with the config or its inputs fails here, before any
+        # compute (the environment first: its task count bounds tasks_per_step).
+        config.check_paths(cfg)
+        self.env: Environment = setup.make_env(cfg)
+        self.train_tasks: Sequence[Task] = self.env.tasks("train")
+        self.eval_tasks: Sequence[Task] = self.env.tasks("eval")
+        config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
         self.mesh = parallel.make_mesh(cfg.mesh)
         self.tokenizer = setup.load_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
+        config.check_master_weights(cfg, params)
         setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer)
-        self.env: Environment = setup.make_env(cfg)
-        self.train_tasks: Sequence[Task] = self.env.tasks("train")
-        self.eval_tasks: Sequence[Task] = self.env.tasks("eval")
         self.update = setup.make_update(self.model_cfg, self.mesh, cfg.grpo, cfg.optim)
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)

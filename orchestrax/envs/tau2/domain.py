@@ -100,6 +100,37 @@ class DomainTool:
         return ToolResult(observation=out.observation, cost=0.0, latency=0.0)
 
 
+# The tables each domain's functions read; a db.json without one of them is the wrong file.
+_TABLES = {"retail": ("orders", "users", "products"),
+           "airline": ("flights", "reservations", "users")}
+
+
+def _read_json(path: pathlib.Path, kind: type) -> Any:
+    """Parse `path`, naming the file and where the JSON breaks (a truncated copy, say)."""
+    try:
+        value = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
+                         "the file may be truncated") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{path}: top level is a {type(value).__name__}; expected a "
+                         f"{kind.__name__}")
+    return value
+
+
+def _read_db(path: pathlib.Path, name: str) -> dict:
+    db = _read_json(path, dict)
+    for table in _TABLES.get(name, ()):
+        if not isinstance(db.get(table), dict):
+            raise ValueError(f"{path}: a tau2 {name} DB needs the {table!r} table (an object keyed "
+                             f"by id); found keys {sorted(db)[:10]}")
+    try:
+        return _DOMAINS[name].normalise(db)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: a record does not have the tau2 {name} shape "
+                         f"({type(e).__name__}: {e})") from None
+
+
 def load_domain(path: str | pathlib.Path) -> Tau2Domain:
     """Load `<path>/{db.json,tasks.json,policy.md[,split_tasks.json]}`; the domain's name is
     the folder name (retail or airline)."""
@@ -110,8 +141,8 @@ def load_domain(path: str | pathlib.Path) -> Tau2Domain:
     for required in ("db.json", "tasks.json", "policy.md"):
         if not (root / required).is_file():
             raise FileNotFoundError(f"tau2 domain {root} lacks {required}")
-    base_db = _DOMAINS[name].normalise(json.loads((root / "db.json").read_text()))
-    tasks = json.loads((root / "tasks.json").read_text())
+    base_db = _read_db(root / "db.json", name)
+    tasks = _read_json(root / "tasks.json", list)
     split_file = root / "split_tasks.json"
-    splits = json.loads(split_file.read_text()) if split_file.is_file() else {}
+    splits = _read_json(split_file, dict) if split_file.is_file() else {}
     return Tau2Domain(name, base_db, tasks, (root / "policy.md").read_text(), splits)
