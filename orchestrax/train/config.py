@@ -7,13 +7,19 @@ differs (`dataclasses.replace`); nothing is read from YAML.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any
+
+import jax
 
 from orchestrax.models import ModelConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.train.validate import check_fields
 
 BACKENDS = ("embedded", "sglang")
+DTYPES = ("float32", "bfloat16")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 ENVS = ("routing", "tau2", "qa")
 
 
@@ -37,6 +43,7 @@ class RolloutConfig:
     weight_sync_dir: str = "/tmp/orchestrax_weights"  # sglang: HF dirs written here per step
 
     def __post_init__(self):
+        check_fields(self, prefix="RolloutConfig.")
         if self.backend not in BACKENDS:
             raise ValueError(f"RolloutConfig.backend={self.backend!r}; allowed: {BACKENDS}")
         if self.backend == "sglang" and not self.server_urls:
@@ -82,8 +89,10 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self):
+        check_fields(self)  # types first: the range checks below assume them
         if (self.model is None) == (self.hf_path is None):
-            raise ValueError("TrainConfig: set exactly one of model (random init) or hf_path")
+            raise ValueError("TrainConfig: set exactly one of model (random init) or hf_path "
+                             f"(model={'set' if self.model else None}, hf_path={self.hf_path!r})")
         if self.env not in ENVS:
             raise ValueError(f"TrainConfig.env={self.env!r}; allowed: {ENVS}")
         if self.grpo.temperature != self.rollout.temperature:
@@ -93,6 +102,70 @@ class TrainConfig:
         for name in ("sft_steps", "steps", "checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)}; must be >= 0")
+        for name in ("sft_batch", "eval_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)}; must be >= 1")
+        if self.eval_temperature < 0:
+            raise ValueError(f"TrainConfig.eval_temperature={self.eval_temperature}; must be >= 0 "
+                             "(0 is greedy)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TrainConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
+        trains = self.steps > 0 or self.sft_steps > 0
+        if trains and self.model is not None and self.model.param_dtype != "float32":
+            raise ValueError(
+                f"model.param_dtype={self.model.param_dtype!r}; training needs float32 master "
+                "weights: an AdamW step at lr 1e-6 on a weight of ~0.02 is below bfloat16's "
+                "rounding step there, so the weights would not move. Keep param_dtype='float32' "
+                "and set model.dtype='bfloat16' for bf16 compute")
+        if self.steps > 0 and (self.rollout.top_p != 1.0 or self.rollout.top_k > 0):
+            field, value = (("top_p", self.rollout.top_p) if self.rollout.top_p != 1.0
+                            else ("top_k", self.rollout.top_k))
+            raise ValueError(
+                f"rollout.{field}={value}; training rollouts must sample the full softmax "
+                "(top_p=1.0, top_k=-1): the trainer scores tokens under the untruncated "
+                "distribution, so truncated sampling biases every ratio")
+        if self.env == "tau2" and "domain" not in dict(self.env_kwargs):
+            raise ValueError(f"TrainConfig.env_kwargs={self.env_kwargs!r}; env='tau2' needs "
+                             "('domain', '<path to a tau2 domain folder>')")
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """The local inputs a run reads exist (checked before any compute; there is no model hub at
+    run time, so a missing directory would otherwise surface as a hub lookup error)."""
+    tok = pathlib.Path(cfg.tokenizer)
+    if cfg.tokenizer != "tiny" and not any((tok / f).is_file() for f in _TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"TrainConfig.tokenizer={cfg.tokenizer!r}: not a tokenizer directory (no "
+            "tokenizer.json or tokenizer_config.json there); give 'tiny' or a local HF "
+            "tokenizer directory")
+    if cfg.hf_path is not None and not (pathlib.Path(cfg.hf_path) / "config.json").is_file():
+        raise FileNotFoundError(f"TrainConfig.hf_path={cfg.hf_path!r}: no config.json there; "
+                                "give a local Hugging Face checkpoint directory")
+
+
+def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int) -> None:
+    """The environment has enough tasks for one step (no task twice in a step)."""
+    if cfg.steps > 0 and cfg.rollout.tasks_per_step > num_train:
+        raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step}; the {cfg.env!r} "
+                         f"env has {num_train} train tasks, and a step takes each task at most "
+                         f"once: allowed 1..{num_train}")
+    if cfg.steps > 0 and cfg.eval_every and num_eval == 0:
+        raise ValueError(f"TrainConfig.eval_every={cfg.eval_every} but the {cfg.env!r} env has no "
+                         "eval tasks; set eval_every=0")
+
+
+def check_master_weights(cfg: TrainConfig, params: Any) -> None:
+    """Refuse to train non-float32 parameters (see TrainConfig's model.param_dtype check); this
+    catches weights loaded from hf_path, whose dtype the config alone does not show."""
+    if cfg.steps == 0 and cfg.sft_steps == 0:
+        return
+    dtypes = sorted({str(leaf.dtype) for leaf in jax.tree.leaves(params)} - {"float32"})
+    if dtypes:
+        source = (f"hf_path={cfg.hf_path!r} with dtype={cfg.dtype!r}" if cfg.hf_path
+                  else f"model.param_dtype={cfg.model.param_dtype!r}")
+        raise ValueError(f"{source} gives {'/'.join(dtypes)} parameters; training needs float32 "
+                         "master weights (an AdamW step at lr 1e-6 is below bfloat16's rounding "
+                         "step); bfloat16 is a compute and weight-sync dtype only")

@@ -1,0 +1,170 @@
+"""Config validation at start: every bad value is refused before any compute, naming the field,
+the value and what is allowed."""
+
+import dataclasses
+import json
+import pathlib
+import runpy
+
+import jax.numpy as jnp
+import pytest
+
+from orchestrax import models
+from orchestrax.envs.tau2.domain import load_domain
+from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.train import validate
+from orchestrax.train.config import (RolloutConfig, TrainConfig, check_env_fits,
+                                     check_master_weights)
+from orchestrax.train.loop import Trainer
+from orchestrax.train.main import apply_overrides
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RETAIL = pathlib.Path("/work/shared/data/tau2/retail")
+
+
+def demo() -> TrainConfig:
+    return runpy.run_path(str(ROOT / "configs" / "demo.py"))["config"]("cost")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("steps=abc", "steps='abc'; expected an int"),
+    ("optim.lr=fast", "optim.lr='fast'; expected a finite number"),
+    ("optim.lr=inf", "optim.lr=inf; expected a finite number"),
+    ("rollout.group_size=2.5", "rollout.group_size=2.5; expected an int"),
+    ("resume=maybe", "resume='maybe'; expected True or False"),
+    ("checkpoint_every=2.5", "checkpoint_every=2.5; expected an int"),
+    ("steps=True", "steps=True; expected an int"),
+    ("sft_optim.weight_decay=[1]", r"sft_optim.weight_decay=\(1,\); expected a finite number"),
+    ("mesh.axes=(('data', 1.5),)", r"mesh.axes\[0\]\[1\]=1.5; expected an int"),
+    ("rollout.server_urls=('a', 3)", r"rollout.server_urls\[1\]=3; expected a string"),
+    ("init_from=3", None),  # a str | None field takes the text itself: "3"
+    ("eval_every=-1", "TrainConfig.eval_every=-1; must be >= 0"),
+    ("rollout.group_size=1", "RolloutConfig.group_size=1; GRPO needs >= 2"),
+    ("grpo.clip_low=1.5", r"GRPOConfig.clip_low=1.5; must be in \[0, 1\)"),
+    ("dtype=float16", "TrainConfig.dtype='float16'; allowed"),
+    ("rollout.groupsize=4", "RolloutConfig has no field 'groupsize'"),
+    ("grpo.temperature=0.5", "grpo.temperature=0.5 differs from rollout.temperature=0.7"),
+])
+def test_override_errors_name_field_value_and_rule(override, message):
+    if message is None:
+        assert apply_overrides(demo(), [override]).init_from == "3"
+        return
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(demo(), [override])
+
+
+def test_overrides_apply_together():
+    # Each alone breaks the temperature invariant; together they are one consistent change.
+    cfg = apply_overrides(demo(), ["rollout.temperature=0.5", "grpo.temperature=0.5",
+                                   "optim.lr=2e-4", "name=7"])
+    assert (cfg.rollout.temperature, cfg.grpo.temperature, cfg.optim.lr) == (0.5, 0.5, 2e-4)
+    assert cfg.name == "7"
+    # model -> hf_path in one override (exactly one of them may be set); and explicitly.
+    cfg = apply_overrides(demo(), ["hf_path=/ckpt/qwen3", "tokenizer=/ckpt/qwen3"])
+    assert cfg.model is None and cfg.hf_path == "/ckpt/qwen3"
+    assert apply_overrides(demo(), ["model=None", "hf_path=/c"]).hf_path == "/c"
+    with pytest.raises(ValueError, match="exactly one of model"):
+        apply_overrides(demo(), ["model=None"])
+    with pytest.raises(ValueError, match="'sft_optim' is also set as a whole"):
+        apply_overrides(demo(), ["sft_optim=None", "sft_optim.lr=1e-3"])
+    with pytest.raises(ValueError, match="sft_optim is None, not a config with fields"):
+        apply_overrides(demo().replace(sft_optim=None), ["sft_optim.lr=1e-3"])
+    with pytest.raises(ValueError, match="expected key=value"):
+        apply_overrides(demo(), ["steps"])
+
+
+def test_bf16_master_weights_are_refused():
+    bf16 = models.tiny_config(param_dtype="bfloat16")
+    with pytest.raises(ValueError, match="model.param_dtype='bfloat16'; training needs float32"):
+        TrainConfig(name="x", model=bf16, steps=1)
+    # Inference-only (steps = sft_steps = 0) may keep bf16 weights; bf16 compute is fine.
+    TrainConfig(name="x", model=bf16, steps=0)
+    TrainConfig(name="x", model=models.tiny_config(dtype="bfloat16"), steps=1)
+    cfg = TrainConfig(name="x", hf_path="/ckpt", dtype="bfloat16", steps=1)
+    params = {"embed": jnp.zeros((2, 2), jnp.bfloat16), "norm": jnp.zeros((2,), jnp.float32)}
+    with pytest.raises(ValueError, match="hf_path='/ckpt' with dtype='bfloat16' gives bfloat16"):
+        check_master_weights(cfg, params)
+    check_master_weights(cfg, {"embed": jnp.zeros((2, 2), jnp.float32)})
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 0.8), ("top_k", 20)])
+def test_truncated_sampling_is_refused_for_training(field, value):
+    rollout = RolloutConfig(**{field: value})
+    with pytest.raises(ValueError, match=f"rollout.{field}={value}; training rollouts must "
+                                         "sample the full softmax"):
+        TrainConfig(name="x", model=models.tiny_config(), rollout=rollout)
+    TrainConfig(name="x", model=models.tiny_config(), rollout=rollout, steps=0)
+
+
+def tiny(tmp_path, **changes) -> TrainConfig:
+    return TrainConfig(
+        name="t", out_dir=str(tmp_path),
+        model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
+                                 num_heads=2, num_kv_heads=1, head_dim=16),
+        grpo=GRPOConfig(), optim=OptimizerConfig(lr=1e-3, total_steps=100),
+        rollout=RolloutConfig(group_size=2, tasks_per_step=2, context_tokens=768),
+        env_kwargs=(("num_train", 16), ("num_eval", 4)), sft_steps=4, steps=2, **changes)
+
+
+def test_env_and_paths_checked_before_any_compute(tmp_path):
+    too_many = tiny(tmp_path).replace(rollout=RolloutConfig(group_size=2, tasks_per_step=1000))
+    with pytest.raises(ValueError, match=r"rollout.tasks_per_step=1000; the 'routing' env has "
+                                         r"16 train tasks.*allowed 1..16"):
+        Trainer(too_many)
+    with pytest.raises(FileNotFoundError, match="TrainConfig.tokenizer='/nonexistent/tok': not a "
+                                                "tokenizer directory"):
+        Trainer(tiny(tmp_path, tokenizer="/nonexistent/tok"))
+    with pytest.raises(FileNotFoundError, match="TrainConfig.hf_path='/nonexistent': no "
+                                                "config.json"):
+        Trainer(tiny(tmp_path).replace(model=None, hf_path="/nonexistent"))
+    # Nothing was computed or written: the checks come before the params and checkpoints.
+    assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(ValueError, match="eval_every=10 but"):
+        check_env_fits(tiny(tmp_path, eval_every=10), 16, 0)
+
+
+def test_tau2_config_and_db_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="env='tau2' needs \\('domain'"):
+        TrainConfig(name="x", model=models.tiny_config(), env="tau2")
+    if not RETAIL.is_dir():
+        pytest.skip("tau2 data not mounted")
+    dom = tmp_path / "retail"
+    dom.mkdir()
+    for f in ("tasks.json", "policy.md"):
+        (dom / f).symlink_to(RETAIL / f)
+    db = dom / "db.json"
+    db.write_text((RETAIL / "db.json").read_text()[:5000])
+    with pytest.raises(ValueError, match=r"retail/db.json: not valid JSON at line \d+ column \d+ "
+                                         r".*may be truncated"):
+        load_domain(dom)
+    db.write_text(json.dumps({"users": {}, "products": {}}))
+    with pytest.raises(ValueError, match="retail DB needs the 'orders' table"):
+        load_domain(dom)
+    db.write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="top level is a list; expected a dict"):
+        load_domain(dom)
+    db.write_text(json.dumps({"users": {}, "products": {}, "orders": {"o1": 5}}))
+    with pytest.raises(ValueError, match="a record does not have the tau2 retail shape"):
+        load_domain(dom)
+
+
+def test_validator_reads_hints():
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        k: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        a: float | None
+        b: tuple[tuple[str, int], ...]
+        c: Inner | None
+
+    validate.check_fields(Outer(a=1, b=(("x", 1),), c=None))
+    validate.check_fields(Outer(a=None, b=(), c=Inner(k=2)))
+    for bad, message in [(Outer(a="1", b=(), c=None), "a='1'; expected a finite number or None"),
+                         (Outer(a=1.0, b=(("x",),), c=None), r"b\[0\]=\('x',\); expected a "
+                                                               r"tuple of 2 \(a string, an int\)"),
+                         (Outer(a=1.0, b=(), c=Inner(k=1.5)), "c.k=1.5; expected an int"),
+                         (Outer(a=float("nan"), b=(), c=None), "a=nan")]:
+        with pytest.raises(ValueError, match=message):
+            validate.check_fields(bad)
