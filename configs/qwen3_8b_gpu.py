@@ -16,6 +16,8 @@ def config() -> TrainConfig:
         name="qwen3-8b-toolorchestra",
         hf_path=HF_PATH,
         tokenizer=HF_PATH,
+        # bf16 compute; params and Adam moments stay fp32 (load_hf makes fp32 master weights),
+        # weight syncs to SGLang are written in bf16 (save_hf's default is the compute dtype).
         dtype="bfloat16",
         mesh=MeshConfig(axes=(("data", 1), ("fsdp", -1), ("tensor", 1))),
         # Published run: clip 0.2/0.28, advantages clipped to ±3, homogeneity filter 0.1.

@@ -26,8 +26,9 @@ class ModelConfig:
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 40_960
-    dtype: str = "float32"              # compute dtype; params stay float32 (see param_dtype)
-    param_dtype: str = "float32"
+    dtype: str = "float32"              # compute dtype (matmuls, activations, HF syncs)
+    param_dtype: str = "float32"        # storage of params: float32 for anything that trains;
+                                        # bfloat16 only for a serve-only copy
     remat: str = "none"                 # jax.checkpoint policy around each scanned layer
     bos_token_id: int | None = None
     eos_token_id: int | None = None

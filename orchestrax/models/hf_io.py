@@ -32,9 +32,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 # --- config.json ------------------------------------------------------------------------------
-def config_from_hf(hf: dict[str, Any], dtype: str = "float32") -> ModelConfig:
+def config_from_hf(hf: dict[str, Any], dtype: str = "float32",
+                   param_dtype: str = "float32") -> ModelConfig:
     """Read config.json in transformers 4.x (`rope_theta`, `torch_dtype`) or 5.x
-    (`rope_parameters`, `dtype`) shape."""
+    (`rope_parameters`, `dtype`) shape. `dtype` is the compute dtype; the checkpoint's own
+    `torch_dtype` is not used: params are `param_dtype` (float32 master weights by default)."""
     model_type = hf.get("model_type")
     if model_type not in _ARCH_BY_MODEL_TYPE:
         raise ValueError(f"config.json model_type={model_type!r} is not supported; "
@@ -60,7 +62,7 @@ def config_from_hf(hf: dict[str, Any], dtype: str = "float32") -> ModelConfig:
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), rope_theta=float(theta),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(hf.get("max_position_embeddings", 40_960)),
-        dtype=dtype, param_dtype=dtype,
+        dtype=dtype, param_dtype=param_dtype,
         bos_token_id=hf.get("bos_token_id"), eos_token_id=_first(hf.get("eos_token_id")))
 
 
@@ -159,20 +161,25 @@ class _TensorSource:
 
 
 def load_hf(path: str | os.PathLike, dtype: str = "float32", mesh: Mesh | None = None,
-            rules=None) -> tuple[ModelConfig, Any]:
-    """Read a HF Qwen3/Llama directory into (cfg, params), sharded on `mesh` when given."""
+            rules=None, *, param_dtype: str = "float32") -> tuple[ModelConfig, Any]:
+    """Read a HF Qwen3/Llama directory into (cfg, params), sharded on `mesh` when given.
+
+    `dtype` is the compute dtype. Params are float32 whatever the compute dtype or the file's
+    dtype: a trained model needs fp32 master weights (at lr 1e-6 an AdamW step on a weight of
+    ~0.02 is below bfloat16's rounding step there). `param_dtype="bfloat16"` is for a
+    serve-only copy that never trains."""
     path = pathlib.Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path}: no config.json")
-    cfg = config_from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
+    cfg = config_from_hf(json.loads(cfg_file.read_text()), dtype=dtype, param_dtype=param_dtype)
     src = _TensorSource(path)
     shapes = jax.eval_shape(lambda: init_params(cfg))
     if mesh is None:
         shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), shapes)
     else:
         shardings = param_shardings(cfg, mesh, *(() if rules is None else (rules,)))
-    leaf_map, np_dtype = _leaf_map(cfg), _NP_DTYPES[dtype]
+    leaf_map, np_dtype = _leaf_map(cfg), _NP_DTYPES[param_dtype]
 
     def build(path_, shape_struct, sharding):
         keys = _path_keys(path_)
@@ -226,8 +233,11 @@ def save_hf(cfg: ModelConfig, params: Any, out_dir: str | os.PathLike, *,
             tokenizer_dir: str | os.PathLike | None = None, dtype: str | None = None,
             max_shard_bytes: int = 4 << 30) -> pathlib.Path:
     """Write a transformers-loadable directory: sharded safetensors + index, config.json,
-    generation_config.json and (when given) the tokenizer files. Only process 0 writes."""
-    dtype = dtype or cfg.param_dtype
+    generation_config.json and (when given) the tokenizer files. Only process 0 writes.
+
+    `dtype` defaults to the compute dtype `cfg.dtype`, the one a sampler runs in: a weight sync
+    of fp32 master weights with bf16 compute writes bf16 (16 GB for Qwen3-8B, not 32)."""
+    dtype = dtype or cfg.dtype
     if dtype not in _NP_DTYPES:
         raise ValueError(f"save_hf dtype={dtype!r}; allowed: {sorted(_NP_DTYPES)}")
     out = pathlib.Path(out_dir)
