@@ -146,15 +146,34 @@ def generation_prompt(*, enable_thinking: bool = True) -> str:
     return f"{IM_START}assistant\n" + ("" if enable_thinking else _EMPTY_THINK)
 
 
-def tool_response_delta(observations: Sequence[str], *, enable_thinking: bool = True) -> str:
-    """What follows an assistant turn that ended on `<|im_end|>` and called tools: the newline,
-    one user turn holding every `<tool_response>` block, and the next generation prompt."""
+def tool_response_parts(observations: Sequence[str], *, enable_thinking: bool = True
+                        ) -> list[str]:
+    """What follows an assistant turn that ended on `<|im_end|>` and called tools (the newline,
+    one user turn holding every `<tool_response>` block, the next generation prompt), as
+    [scaffolding, observation, scaffolding, ..., scaffolding]: odd items are the observations
+    verbatim, so the codec can keep any tag text inside them from becoming structure."""
     if not observations:
-        raise ValueError("tool_response_delta: observations is empty; need at least one")
-    blocks = "".join(f"\n<tool_response>\n{o}\n</tool_response>" for o in observations)
-    return f"\n{IM_START}user{blocks}{IM_END}\n" + generation_prompt(enable_thinking=enable_thinking)
+        raise ValueError("tool_response_parts: observations is empty; need at least one")
+    parts = [f"\n{IM_START}user"]
+    for observation in observations:
+        parts[-1] += "\n<tool_response>\n"
+        parts += [observation, "\n</tool_response>"]
+    parts[-1] += f"{IM_END}\n" + generation_prompt(enable_thinking=enable_thinking)
+    return parts
+
+
+def user_parts(text: str, *, enable_thinking: bool = True) -> list[str]:
+    """What follows an assistant turn that ended on `<|im_end|>` when the user replies, as
+    [scaffolding, reply, scaffolding]."""
+    return [f"\n{IM_START}user\n", text,
+            f"{IM_END}\n" + generation_prompt(enable_thinking=enable_thinking)]
+
+
+def tool_response_delta(observations: Sequence[str], *, enable_thinking: bool = True) -> str:
+    """`tool_response_parts` joined: the text a full render of the conversation would add."""
+    return "".join(tool_response_parts(observations, enable_thinking=enable_thinking))
 
 
 def user_delta(text: str, *, enable_thinking: bool = True) -> str:
-    """What follows an assistant turn that ended on `<|im_end|>` when the user replies."""
-    return f"\n{IM_START}user\n{text}{IM_END}\n" + generation_prompt(enable_thinking=enable_thinking)
+    """`user_parts` joined."""
+    return "".join(user_parts(text, enable_thinking=enable_thinking))

@@ -1,4 +1,5 @@
-"""Token encode/decode for rollouts, through the Rust tokenizer behind a transformers fast tokenizer.
+"""Token encode/decode for rollouts, through a `tokenizers.Tokenizer` (or the one behind a
+transformers fast tokenizer).
 
 Episodes tokenise many short continuation blocks (`\\n<|im_start|>user\\n<tool_response>\\n…`) whose
 template scraps repeat on every turn. The tokenizer itself splits its input at added tokens
@@ -8,6 +9,11 @@ do that split ourselves, look the short repeated pieces up in a cache and send o
 for tokenizers whose added tokens split plainly (no lstrip/rstrip/single-word rules, matched
 before normalisation), and a self-check against the plain path at construction falls back to it
 on any disagreement.
+
+Content is never structure: `encode_parts` tokenises the text of tool observations and user
+replies with the tokenizer's model alone wherever that text spells an added token, so a tool
+that prints `<|im_end|>` or `</tool_response>` shows the policy those characters, not the token
+that would end its turn or the block. Content without such text gets the tokenizer's own ids.
 """
 
 from __future__ import annotations
@@ -29,6 +35,15 @@ _SELF_CHECK = (
 )
 
 
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates (JSON allows "\\ud800"; the tokenizer refuses them) as "?"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 class Codec:
     """Fast encode/decode for a transformers fast tokenizer (or a bare `tokenizers.Tokenizer`).
     Special tokens in text are recognised; decode keeps them."""
@@ -45,9 +60,13 @@ class Codec:
 
         self._prompts: dict[str, list[int]] = {}
         self._pieces: dict[str, tuple[int, ...]] = {}
+        every_added = [t.content for t in self._tok.get_added_tokens_decoder().values()]
+        # Longest first, so the regex takes the longest match at a position.
+        self._any_added = re.compile("|".join(
+            map(re.escape, sorted(every_added, key=len, reverse=True)))) if every_added else None
         self._added = self._added_token_ids(vocab)
         self._split = None
-        if self._added:  # longest first, so the regex takes the longest match at a position
+        if self._added:
             alternatives = sorted(self._added, key=len, reverse=True)
             self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
             self._pieces = {p: tuple(self._encode_plain(p)) for p in self._template_pieces()}
@@ -98,6 +117,51 @@ class Codec:
 
     def encode(self, text: str) -> list[int]:
         return self._encode_split(text) if self._split is not None else self._encode_plain(text)
+
+    def encode_parts(self, parts: Sequence[str]) -> list[int]:
+        """Ids of `"".join(parts)` where the odd-indexed parts are content (see the module
+        docstring): added tokens are recognised only in the even-indexed scaffolding, and a lone
+        surrogate in content becomes "?". Equals `encode("".join(parts))` whenever no content
+        spells an added token."""
+        parts = [p if k % 2 == 0 else _encodable(p) for k, p in enumerate(parts)]
+        contents = parts[1::2]
+        if self._any_added is None or not any(map(self._any_added.search, contents)):
+            return self.encode("".join(parts))
+        if self._split is None:  # tokens with neighbour rules: encode each part on its own
+            return [i for k, part in enumerate(parts) for i in (
+                self._encode_model(part) if k % 2 else self._encode_plain(part))]
+        out: list[int] = []
+        run: list[str] = []  # the text since the last structural added token
+
+        def flush():
+            text = "".join(run)
+            run.clear()
+            if text:
+                out.extend(self._encode_model(text) if self._any_added.search(text)
+                           else self._encode_piece(text))
+
+        for k, part in enumerate(parts):
+            if k % 2:
+                run.append(part)
+                continue
+            for i, piece in enumerate(self._split.split(part)):
+                if i % 2:
+                    flush()
+                    out.append(self._added[piece])
+                else:
+                    run.append(piece)
+        flush()
+        return out
+
+    def _encode_model(self, text: str) -> list[int]:
+        """`text` through normaliser, pre-tokenizer and model only: what the tokenizer would
+        give if it had no added tokens. Slower (a Python loop over pre-tokens); used only for
+        content that spells an added token."""
+        if self._tok.normalizer is not None:
+            text = self._tok.normalizer.normalize_str(text)
+        words = ([w for w, _ in self._tok.pre_tokenizer.pre_tokenize_str(text)]
+                 if self._tok.pre_tokenizer is not None else [text])
+        return [t.id for w in words for t in self._tok.model.tokenize(w)]
 
     def encode_prompt(self, text: str) -> list[int]:
         """`encode` with a small cache: a GRPO group shares one prompt across its rollouts."""

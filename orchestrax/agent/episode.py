@@ -4,7 +4,8 @@ The prompt is rendered and tokenised once. After that the trajectory only grows 
 ids the sampler returned (loss mask 1, its logprobs) and (b) the ids of each continuation block we
 render — tool responses, user replies, format-error notices — tokenised on their own (mask 0).
 Continuation blocks start with the "\n" that follows `<|im_end|>`, so the ids equal what a
-prefix-preserving render of the whole conversation tokenises to. Nothing is re-rendered.
+prefix-preserving render of the whole conversation tokenises to. Nothing is re-rendered. Text
+inside a block that spells a special token (a tool printing `<|im_end|>`) is tokenised as text.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import logging
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 from orchestrax.agent import chat
@@ -23,6 +25,8 @@ from orchestrax.agent.trajectory import EndReason, ToolCallRecord, Trajectory, T
 from orchestrax.envs.base import Task
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
 from orchestrax.tools.base import Tool
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,10 +125,10 @@ class _Episode:
                 problem = f"sampler failed: {type(e).__name__}: {e}"
         return problem + f" ({cfg.sampler_attempts} attempts)"
 
-    def _continue(self, delta: str) -> bool:
-        """Append a continuation block (mask 0) if the context has room for it plus one
-        generated token; False means the budget is spent."""
-        ids = self.codec.encode(delta)
+    def _continue(self, parts: Sequence[str]) -> bool:
+        """Append a continuation block (`chat.*_parts`, mask 0) if the context has room for it
+        plus one generated token; False means the budget is spent."""
+        ids = self.codec.encode_parts(parts)
         if len(self.traj.token_ids) + len(ids) >= self.config.context_tokens:
             return False
         self._append(ids, 0)
@@ -140,6 +144,9 @@ class _Episode:
             if isinstance(result, str):
                 return self._end("error", result)
             out = list(result.output_ids)
+            if len(result.logprobs) != len(out):
+                return self._end("error", f"sampler returned {len(out)} output ids but "
+                                          f"{len(result.logprobs)} logprobs")
             self._append(out, 1, result.logprobs)
             stopped = result.finish_reason == "stop" and bool(out) and out[-1] in codec.stop_ids
             text = codec.decode(out[:-1] if stopped else out)
@@ -175,7 +182,7 @@ class _Episode:
                     traj.final_answer = parsed.answer
                     return self._end("user_stop")
                 traj.messages.append({"role": "user", "content": reply.text})
-                if not self._continue(chat.user_delta(reply.text,
+                if not self._continue(chat.user_parts(reply.text,
                                                       enable_thinking=cfg.enable_thinking)):
                     return self._end("context")
                 continue
@@ -190,7 +197,7 @@ class _Episode:
             if turn == cfg.max_turns - 1:
                 break
             traj.messages.extend({"role": "tool", "content": o} for o in observations)
-            if not self._continue(chat.tool_response_delta(observations,
+            if not self._continue(chat.tool_response_parts(observations,
                                                            enable_thinking=cfg.enable_thinking)):
                 return self._end("context")
         return self._end("max_turns")
@@ -205,7 +212,7 @@ class _Episode:
             self._end("max_turns")
             return False
         self.traj.messages.extend({"role": "tool", "content": o} for o in observations)
-        if not self._continue(chat.tool_response_delta(
+        if not self._continue(chat.tool_response_parts(
                 observations, enable_thinking=self.config.enable_thinking)):
             self._end("context")
             return False
@@ -225,11 +232,20 @@ async def run_episode(sampler: Sampler, tokenizer, task: Task, tools: Sequence[T
                       executor: ToolExecutor | None = None,
                       user: UserResponder | None = None) -> Trajectory:
     """Run one episode to its end and return the trajectory (never raises except on
-    cancellation or bad configuration). Share one `executor` across episodes so its limits are
-    global; `tokenizer` is a transformers fast tokenizer (or a `Codec`)."""
+    cancellation or bad configuration: whatever goes wrong once the prompt is built, a bug
+    included, ends this episode with `end_reason="error"`). Share one `executor` across
+    episodes so its limits are global; `tokenizer` is a `tokenizers.Tokenizer`, a transformers
+    fast tokenizer or a `Codec`."""
     codec = tokenizer if isinstance(tokenizer, Codec) else Codec(tokenizer)
     episode = _Episode(sampler, codec, task, tools, config, executor or ToolExecutor(), user)
-    return await episode.run()
+    try:
+        return await episode.run()
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # `_append` keeps the columns aligned, so the prefix is usable
+        log.warning("episode %s failed", task.task_id, exc_info=True)
+        episode.traj.final_answer = None
+        return episode._end("error", f"episode failed: {type(e).__name__}: {e}")
 
 
 async def run_episodes(sampler: Sampler, tokenizer,

@@ -1,8 +1,11 @@
 """Reading an assistant turn: reasoning, `<tool_call>` blocks outside `<think>`, and the answer.
 
-`ToolCallParser.parse` never raises on any input string: malformed JSON, unknown tools and
-arguments that fail the tool's JSON schema become `ParsedCall.error` messages written for the
-model to read (they go back to it as tool responses).
+`ToolCallParser.parse` never raises on any input string: malformed JSON, integers too long to
+convert, nesting too deep, unknown tools and arguments that fail the tool's JSON schema become
+`ParsedCall.error` messages written for the model to read (they go back to it as tool responses).
+Its time is linear in the text: tags are found with `str.find` from a moving position, never
+with a lazy regex that rescans the rest of the text from every opening tag (quadratic on a
+model that writes thousands of unclosed `<tool_call>` tags).
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from typing import Any, Sequence
 
 from orchestrax.agent import schema
 from orchestrax.tools.base import ToolSpec
 
 _THINK_RE = re.compile(r"<think>|</think>")
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Deeper JSON parses, but then fails to pickle (an `EpisodePool` worker sends trajectories back
+# pickled) or to validate; no real tool takes arguments nested anywhere near this.
+MAX_NESTING = 64
 CALL_FORMAT = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 
 
@@ -76,11 +81,10 @@ class ToolCallParser:
 
     def parse(self, text: str) -> ParsedTurn:
         reasoning, visible = split_thinking(text)
-        calls = [self._parse_call(m.group(1)) for m in _CALL_RE.finditer(visible)]
-        tail = _CALL_RE.sub("", visible)
-        if "<tool_call>" in tail:
-            raw = tail.split("<tool_call>", 1)[1]
-            calls.append(ParsedCall(name="", arguments={}, raw=raw, error=(
+        blocks, unclosed = tagged_blocks(visible, "<tool_call>", "</tool_call>")
+        calls = [self._parse_call(raw) for raw in blocks]
+        if unclosed is not None:
+            calls.append(ParsedCall(name="", arguments={}, raw=unclosed, error=(
                 "Error: a <tool_call> block was opened but never closed with </tool_call>. "
                 f"Write each call as {CALL_FORMAT}")))
         answer = None if calls else extract_answer(visible)
@@ -92,10 +96,8 @@ class ToolCallParser:
 
         try:
             obj = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError) as e:
-            detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(
-                e, json.JSONDecodeError) else "nesting too deep"
-            return bad(f"Error: the tool call is not valid JSON ({detail}). "
+        except (ValueError, RecursionError) as e:
+            return bad(f"Error: the tool call is not valid JSON ({_json_problem(e)}). "
                        f"Write each call as {CALL_FORMAT}")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return bad('Error: a tool call must be a JSON object with a string "name" and an '
@@ -104,11 +106,14 @@ class ToolCallParser:
         if isinstance(args, str):  # some models JSON-encode the arguments twice
             try:
                 args = json.loads(args)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):
                 pass
         if not isinstance(args, dict):
             return bad(f'Error: "arguments" of tool {name!r} must be a JSON object, got '
                        f"{type(args).__name__}.", name)
+        if nested_deeper_than(args, MAX_NESTING):
+            return bad(f'Error: "arguments" of tool {name!r} are nested more than {MAX_NESTING} '
+                       "levels deep.", name)
         validator = self._validators.get(name)
         if validator is None:
             return bad(f"Error: unknown tool {name!r}. Available tools: {self._available}.",
@@ -122,7 +127,48 @@ class ToolCallParser:
         return ParsedCall(name=name, arguments=args, raw=raw)
 
 
+def _json_problem(e: Exception) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at line {e.lineno} column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "nesting too deep"
+    if "digits" in str(e):  # int() refuses literals longer than this interpreter's limit
+        return f"an integer has more than {sys.get_int_max_str_digits()} digits"
+    return str(e)[:200]
+
+
+def nested_deeper_than(obj: Any, limit: int) -> bool:
+    """True when lists/dicts inside `obj` nest more than `limit` levels (iterative: no
+    recursion limit to hit)."""
+    stack = [(obj, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (
+                node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def tagged_blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], str | None]:
+    """(bodies of the `open…close` blocks, left to right, each ending at the first close tag
+    after its opening; the text after an opening tag that is never closed, or None).
+
+    Linear in len(text): every `find` starts where the previous one stopped, and once an
+    opening tag has no close tag after it no later one can have one either."""
+    blocks, pos = [], 0
+    while (start := text.find(open_tag, pos)) >= 0:
+        body = start + len(open_tag)
+        end = text.find(close_tag, body)
+        if end < 0:
+            return blocks, text[body:]
+        blocks.append(text[body:end])
+        pos = end + len(close_tag)
+    return blocks, None
+
+
 def extract_answer(visible: str) -> str:
-    """The last `<answer>…</answer>` if present, else the visible text, stripped."""
-    found = _ANSWER_RE.findall(visible)
-    return (found[-1] if found else visible).strip()
+    """The last complete `<answer>…</answer>` if there is one, else the visible text, stripped."""
+    blocks, _ = tagged_blocks(visible, "<answer>", "</answer>")
+    return (blocks[-1] if blocks else visible).strip()
