@@ -91,8 +91,9 @@ def main():
         hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     hf.train()
 
-    step = rl.make_train_step(cfg, GCFG, OCFG)
-    state = rl.init_state(jax.tree.map(jnp.array, params), OCFG)
+    train = rl.make_train_step(cfg, GCFG, OCFG)
+    step = train.step
+    state = train.init(params)                             # takes over the params' buffers
     jbatch = jax.device_put(batch)
     t0 = time.perf_counter()
     state, m = step(state, jbatch)
@@ -140,14 +141,14 @@ def gpu_mfu(no_record: bool) -> None:
         cfg = models.preset(name, dtype="bfloat16", remat="full")
         B, T = 4, 2048
         try:
-            params = jax.jit(models.init_params, static_argnums=0)(cfg)
-            state = rl.init_state(params, OCFG)
+            train = rl.make_train_step(cfg, GCFG, OCFG)
+            state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
             batch = {"tokens": jnp.zeros((B, T), jnp.int32),
                      "attention_mask": jnp.ones((B, T), jnp.int32),
                      "loss_mask": jnp.ones((B, T), jnp.float32),
                      "advantages": jnp.ones((B,), jnp.float32),
                      "old_logprobs": jnp.zeros((B, T), jnp.float32)}
-            step = rl.make_train_step(cfg, GCFG, OCFG)
+            step = train.step
             state, _ = step(state, batch)
             jax.block_until_ready(state)
             times = []
@@ -158,7 +159,7 @@ def gpu_mfu(no_record: bool) -> None:
                 times.append(time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - out of memory: try the next size down
             print(f"{name}: does not fit ({type(e).__name__}); trying smaller")
-            params = state = None                      # free this attempt before the next
+            train = state = None                       # free this attempt before the next
             continue
         t = statistics.median(times)
         n = models.num_params(cfg)

@@ -31,8 +31,8 @@ def expected_reward(params) -> float:
 def test_grpo_learns_token_bandit():
     ocfg = rl.OptimizerConfig(lr=5e-3, weight_decay=0.0)
     gcfg = rl.GRPOConfig(ppo_epochs=2, num_minibatches=2, adv_clip=3.0, compute_entropy=False)
-    step = rl.make_train_step(CFG, gcfg, ocfg)
-    state = rl.init_state(models.init_params(CFG, seed=0), ocfg)
+    train = rl.make_train_step(CFG, gcfg, ocfg)
+    state = train.init(models.init_params(CFG, seed=0))
     key = jax.random.key(0)
     start = expected_reward(state.params)
     assert abs(start - 1 / V) < 0.1                  # ~chance at init
@@ -51,7 +51,7 @@ def test_grpo_learns_token_bandit():
                      loss_mask=np.tile(np.array([0, 0, 1], np.float32), (Q * G, 1)),
                      advantages=np.asarray(A).reshape(-1),
                      sample_mask=np.asarray(keep, np.float32).reshape(-1))
-        state, metrics = step(state, batch)
+        state, metrics = train.step(state, batch)
         assert np.isfinite(float(metrics["loss"]))
         history.append(expected_reward(state.params))
         if history[-1] >= 0.95:

@@ -3,6 +3,7 @@
 Marked slow: two step compiles take ~30 s of CPU, over a minute of wall time on a busy box.
 """
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -37,12 +38,12 @@ def batch(B=32, T=12, seed=0):
 
 
 def run(mesh):
-    step = rl.make_train_step(MCFG, GCFG, OCFG, mesh)
-    state = rl.init_state(models.init_params(MCFG, seed=0), OCFG)
-    if mesh is not None:
-        state = jax.device_put(state, step.state_shardings)
-    first = state
-    state, m = step(state, batch())
+    train = rl.make_train_step(MCFG, GCFG, OCFG, mesh)
+    params = models.init_params(MCFG, seed=0)
+    if mesh is not None:                    # laid out as the state will be, so init can alias
+        params = jax.device_put(params, train.shardings.params)
+    first = train.init(params)
+    state, m = train.step(first, batch())
     return first, state, m
 
 
@@ -58,10 +59,8 @@ def test_sharded_matches_single_device(both):
     assert float(m1["loss"]) == pytest.approx(float(m8["loss"]), abs=1e-5)
     for k in ("grad_norm", "kl", "sampler_gap", "tis_weight", "clip_frac_high", "entropy"):
         assert float(m1[k]) == pytest.approx(float(m8[k]), abs=1e-5), k
-    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-    for a, b in zip(jax.tree.leaves(s1.opt_state), jax.tree.leaves(s8.opt_state)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    chex.assert_trees_all_close(jax.device_get((s1.params, s1.opt_state)),
+                                jax.device_get((s8.params, s8.opt_state)), atol=1e-5, rtol=0)
 
 
 def test_mu2_runs_four_updates_with_exact_first_ratio(both):
@@ -92,9 +91,8 @@ def test_no_involuntary_rematerialisation(capfd):
     mesh = parallel.make_mesh(parallel.MeshConfig(axes=(("data", 2), ("fsdp", 4),
                                                         ("tensor", 1))))
     gcfg = rl.GRPOConfig(num_minibatches=2, kl_coef=1e-2, agg="token-mean")
-    step = rl.make_train_step(MCFG, gcfg, OCFG, mesh)
-    state = jax.device_put(rl.init_state(models.init_params(MCFG, seed=0), OCFG),
-                           step.state_shardings)
-    _, metrics = step(state, batch(seed=3))
+    train = rl.make_train_step(MCFG, gcfg, OCFG, mesh)
+    params = jax.device_put(models.init_params(MCFG, seed=0), train.shardings.params)
+    _, metrics = train.step(train.init(params), batch(seed=3))
     assert np.isfinite(float(metrics["loss"]))
     assert "Involuntary full rematerialization" not in capfd.readouterr().err

@@ -1,5 +1,6 @@
 """The jitted train step on one device: accumulation, skipping, dropped samples, SFT, eval_shape."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,26 +37,26 @@ def fresh_state(ocfg=OCFG):
     return rl.init_state(models.init_params(MCFG, seed=0), ocfg)
 
 
-def max_diff(a, b):
-    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+def max_diff(a, b) -> float:
+    """Largest |a - b| over two trees of the same structure (tree.map checks that)."""
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)))
 
 
 @pytest.fixture(scope="module")
 def big_step():
     return rl.make_train_step(MCFG, rl.GRPOConfig(agg="seq-mean-token-mean",
-                                                  compute_entropy=False), OCFG)
+                                                  compute_entropy=False), OCFG).step
 
 
 def test_accumulation_over_4_microbatches_equals_one_batch(big_step):
     batch = make_batch()
     acc = rl.make_train_step(MCFG, rl.GRPOConfig(agg="seq-mean-token-mean", num_microbatches=4,
-                                                 compute_entropy=False), OCFG)
+                                                 compute_entropy=False), OCFG).step
     s1, m1 = big_step(fresh_state(), batch)
     s4, m4 = acc(fresh_state(), batch)
     assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), abs=1e-6)
     assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
-    assert max_diff(s1.params, s4.params) <= 1e-5
+    chex.assert_trees_all_close(s1.params, s4.params, atol=1e-5, rtol=0)
     assert max_diff(s1.params, fresh_state().params) > 1e-3        # it did learn something
     # metrics add up across micro-batches to the full-batch token means
     for k in ("clip_frac_high", "ratio_mean", "approx_kl", "policy_tokens"):
@@ -66,11 +67,11 @@ def test_chunked_logprobs_give_the_same_update(big_step):
     batch = make_batch()
     chunked = rl.make_train_step(MCFG, rl.GRPOConfig(agg="seq-mean-token-mean",
                                                      compute_entropy=False, logprob_chunk=4),
-                                 OCFG)
+                                 OCFG).step
     s1, m1 = big_step(fresh_state(), batch)
     s2, m2 = chunked(fresh_state(), batch)
     assert float(m1["loss"]) == pytest.approx(float(m2["loss"]), abs=1e-6)
-    assert max_diff(s1.params, s2.params) <= 1e-5
+    chex.assert_trees_all_close(s1.params, s2.params, atol=1e-5, rtol=0)
 
 
 def test_non_finite_loss_skips_update_and_counts(big_step):
@@ -81,7 +82,7 @@ def test_non_finite_loss_skips_update_and_counts(big_step):
     s, m = big_step(s0, batch)
     assert int(s.counters["skipped_updates"]) == 1 and int(s.counters["updates"]) == 0
     assert float(m["skipped"]) == 1.0
-    assert max_diff(s.params, ref) == 0.0
+    chex.assert_trees_all_equal(s.params, ref)
     batch["advantages"][3] = 0.5                  # a good batch afterwards updates again
     s, _ = big_step(s, batch)
     assert int(s.counters["updates"]) == 1 and int(s.counters["train_steps"]) == 2
@@ -98,7 +99,7 @@ def test_dropped_samples_cost_no_gradient(big_step):
         other["old_logprobs"][r] = -np.inf
     s1, m1 = big_step(fresh_state(), batch)
     s2, m2 = big_step(fresh_state(), other)
-    assert max_diff(s1.params, s2.params) == 0.0
+    chex.assert_trees_all_equal(s1.params, s2.params)
     assert float(m1["loss"]) == float(m2["loss"])
     assert int(s2.counters["dropped_samples"]) == 3 and float(m2["dropped_samples"]) == 3.0
     assert int(s2.counters["skipped_updates"]) == 0
@@ -112,8 +113,7 @@ def test_a_fully_filtered_batch_leaves_params_and_momentum_alone(big_step):
     empty = make_batch(seed=1)
     empty["sample_mask"][:] = 0
     s, m = big_step(s, empty)
-    assert max_diff(s.params, before[0]) == 0.0
-    assert max_diff(s.opt_state, before[1]) == 0.0
+    chex.assert_trees_all_equal((s.params, s.opt_state), before)
     assert float(m["empty"]) == 1.0 and float(m["skipped"]) == 0.0
     assert int(s.counters["updates"]) == 1 and int(s.counters["train_steps"]) == 2
 
@@ -122,7 +122,8 @@ def test_sft_objective_learns_the_masked_tokens():
     batch = make_batch(B=8, with_old=False)
     batch.pop("advantages")
     ocfg = rl.OptimizerConfig(lr=1e-2, weight_decay=0.0)
-    step = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft", compute_entropy=False), ocfg)
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft", compute_entropy=False),
+                              ocfg).step
     state = fresh_state(ocfg)
     losses = []
     for _ in range(15):
@@ -140,10 +141,10 @@ def test_bad_batch_names_the_problem(big_step):
         big_step(fresh_state(), {**batch, "advantages": batch["advantages"][:15]})
     with pytest.raises(ValueError, match="unknown keys"):
         big_step(fresh_state(), {**batch, "rewards": batch["advantages"]})
-    step3 = rl.make_train_step(MCFG, rl.GRPOConfig(num_microbatches=3), OCFG)
+    step3 = rl.make_train_step(MCFG, rl.GRPOConfig(num_microbatches=3), OCFG).step
     with pytest.raises(ValueError, match="not divisible by num_minibatches × num_microbatches"):
         step3(fresh_state(), batch)
-    kl = rl.make_train_step(MCFG, rl.GRPOConfig(kl_coef=1e-4), OCFG)
+    kl = rl.make_train_step(MCFG, rl.GRPOConfig(kl_coef=1e-4), OCFG).step
     with pytest.raises(ValueError, match="kl_coef > 0 needs batch\\['ref_logprobs'\\]"):
         kl(fresh_state(), batch)
 
@@ -152,7 +153,7 @@ def test_batch_not_divisible_by_data_parallel_degree_is_named():
     from orchestrax import parallel
     mesh = parallel.make_mesh(parallel.MeshConfig(axes=(("data", 2), ("fsdp", 4),
                                                         ("tensor", 1))))
-    step = rl.make_train_step(MCFG, rl.GRPOConfig(), OCFG, mesh)
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(), OCFG, mesh).step
     with pytest.raises(ValueError, match="not divisible by the data-parallel degree 8"):
         step(fresh_state(), make_batch(B=12))
 

@@ -87,11 +87,11 @@ def test_init_from_starts_rl_from_another_runs_params(tmp_path):
 
 
 def _abstract_state(cfg):
-    from orchestrax import parallel
+    from orchestrax import parallel, rl
     from orchestrax.train import setup
     mesh = parallel.make_mesh(cfg.mesh)
     mcfg, params = setup.load_params(cfg, mesh)
-    return setup.make_update(mcfg, mesh, cfg.grpo, cfg.optim).init(params)
+    return rl.make_train_step(mcfg, cfg.grpo, cfg.optim, mesh).init(params)
 
 
 def test_configs_build_and_overrides_name_the_field():

@@ -7,13 +7,13 @@ from orchestrax.rl.filters import homogeneity_mask, sample_mask, validity_mask
 from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
 from orchestrax.rl.mfu import mfu, peak_flops, train_flops
 from orchestrax.rl.optim import lr_schedule, make_optimizer
-from orchestrax.rl.train_step import (TrainState, batch_shardings, init_state, make_train_step,
-                                      state_shardings)
+from orchestrax.rl.state import TrainState, batch_shardings, init_state, state_shardings
+from orchestrax.rl.train_step import TrainStep, make_train_step
 from orchestrax.rl.reward import (features_from_trajectories, outcome_reward,
                                   toolorchestra_reward)
 
 __all__ = [
-    "GRPOConfig", "OptimizerConfig", "TrainState", "batch_shardings", "init_state",
+    "GRPOConfig", "OptimizerConfig", "TrainState", "TrainStep", "batch_shardings", "init_state",
     "make_train_step", "state_shardings", "compute_advantages", "dr_grpo_advantages",
     "features_from_trajectories", "group_advantages", "group_mean_std", "homogeneity_mask",
     "kl_penalty", "lr_schedule", "make_optimizer", "mfu", "outcome_reward", "peak_flops",

@@ -1,7 +1,8 @@
-"""The pure GRPO/SFT update: `train_step(state, batch) -> (state, metrics)`, jitted with explicit
-in/out shardings and a donated state.
+"""The pure GRPO/SFT update: `make_train_step(...) -> TrainStep(init, step, shardings)`, where
+`step(state, batch) -> (state, metrics)` is jitted with explicit in/out shardings and a donated
+state.
 
-Letters: B sequences, T tokens, M minibatches, K micro-batches, b = B // (M·K) rows each.
+Letters: B sequences, T tokens, E epochs, M minibatches, K micro-batches, b = B // (M·K) rows each.
 Batch (all [B,T] aligned with `tokens`, position t = token t predicted from tokens < t):
   tokens int32, attention_mask, loss_mask (1 on policy tokens), advantages [B],
   optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: recomputed with the
@@ -29,48 +30,22 @@ from orchestrax import models, parallel
 from orchestrax.rl.config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.losses import policy_loss_weighted, sft_loss, token_weights
 from orchestrax.rl.optim import lr_schedule, make_optimizer
+from orchestrax.rl.state import (Batch, TrainState, batch_shardings, data_parallel_degree,
+                                 init_state, state_shardings)
 
-Batch = dict[str, jax.Array]
-COUNTERS = ("train_steps", "updates", "skipped_updates", "dropped_samples")
+Metrics = dict[str, jax.Array]
 _ROW_KEYS = ("tokens", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
              "ref_logprobs", "advantages", "sample_mask")
 
 
-class TrainState(NamedTuple):
-    params: Any
-    opt_state: Any
-    step: jax.Array                     # int32: train_step calls so far
-    counters: dict[str, jax.Array]      # int32 scalars, see COUNTERS
+class TrainStep(NamedTuple):
+    """What `make_train_step` returns; `init` and `step` keep the state on `shardings`."""
+    init: Callable[[Any], TrainState]             # params (donated) -> fresh TrainState
+    step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
+    shardings: TrainState | None                                # None without a mesh
 
 
-def init_state(params: Any, opt_cfg: OptimizerConfig) -> TrainState:
-    zero = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 - distinct buffers, the state is donated
-    return TrainState(params=params, opt_state=make_optimizer(opt_cfg).init(params), step=zero(),
-                      counters={k: zero() for k in COUNTERS})
-
-
-def state_shardings(model_cfg: models.ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh,
-                    rules: parallel.Rules = parallel.DEFAULT_RULES) -> TrainState:
-    """Params and their optimizer moments by `models.param_shardings`; scalars replicated."""
-    p_sh = models.param_shardings(model_cfg, mesh, rules)
-    rep = NamedSharding(mesh, PartitionSpec())
-    opt = make_optimizer(opt_cfg)
-    p_shapes = jax.eval_shape(lambda: models.init_params(model_cfg, seed=0))
-    o_shapes = jax.eval_shape(opt.init, p_shapes)
-    o_sh = optax.tree_map_params(opt, lambda _, s: s, o_shapes, p_sh,
-                                 transform_non_params=lambda _: rep)
-    return TrainState(params=p_sh, opt_state=o_sh, step=rep, counters={k: rep for k in COUNTERS})
-
-
-def batch_shardings(batch: Batch, mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES
-                    ) -> dict[str, NamedSharding]:
-    """Every batch array split along its leading (batch) dim over the rules' batch axes."""
-    def one(x):
-        spec = parallel.logical_to_spec(("batch",) + (None,) * (jnp.ndim(x) - 1), rules, mesh)
-        return NamedSharding(mesh, spec)
-    return {k: one(v) for k, v in batch.items()}
-
-
+# --- input checks (outside jit, on shapes) -----------------------------------------------------
 def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
     for key in ("tokens", "attention_mask", "loss_mask") + (
             ("advantages",) if gcfg.objective == "grpo" else ()):
@@ -92,12 +67,8 @@ def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
         raise ValueError("GRPOConfig.kl_coef > 0 needs batch['ref_logprobs']")
 
 
-def _check_data_parallel(batch: Batch, gcfg: GRPOConfig, mesh: Mesh, rules) -> None:
-    spec = parallel.logical_to_spec(("batch",), rules, mesh)[0]
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-    n = 1
-    for a in axes:
-        n *= mesh.shape[a]
+def _check_data_parallel(batch: Batch, mesh: Mesh, rules: parallel.Rules) -> None:
+    n, axes = data_parallel_degree(mesh, rules)
     B = batch["tokens"].shape[0]
     if B % n:
         raise ValueError(f"batch size {B} is not divisible by the data-parallel degree {n} "
@@ -105,6 +76,7 @@ def _check_data_parallel(batch: Batch, gcfg: GRPOConfig, mesh: Mesh, rules) -> N
                          f"sample_mask = 0 rows")
 
 
+# --- pieces of the step (inside jit) ------------------------------------------------------------
 def _split(x: jax.Array, M: int, K: int, mesh: Mesh | None, rules: parallel.Rules) -> jax.Array:
     """[B, ...] -> [M, K, b, ...] with rows strided (row = i·M·K + m·K + k), so each micro-batch
     draws rows from every device's contiguous batch shard and stays split over the batch axes."""
@@ -112,38 +84,113 @@ def _split(x: jax.Array, M: int, K: int, mesh: Mesh | None, rules: parallel.Rule
     y = jnp.moveaxis(x.reshape((b, M, K) + x.shape[1:]), 0, 2)
     if mesh is None:
         return y
-    spec = parallel.logical_to_spec((None, None, "batch") + (None,) * (x.ndim - 1), rules, mesh)
-    n = 1
-    for axes in spec:
-        for a in (axes,) if isinstance(axes, str) else axes or ():
-            n *= mesh.shape[a]
     # Micro-batches smaller than the data-parallel degree cannot be split; leave them to XLA.
-    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec)) if b % n == 0 else y
+    if b % data_parallel_degree(mesh, rules)[0]:
+        return y
+    spec = parallel.logical_to_spec((None, None, "batch") + (None,) * (x.ndim - 1), rules, mesh)
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
 
 
-def _logprobs(mcfg, gcfg, params, tokens, attn):
-    out = models.token_logprobs(mcfg, params, tokens, attn, temperature=gcfg.temperature,
-                                return_entropy=gcfg.compute_entropy,
-                                chunk_size=gcfg.logprob_chunk)
+def _minibatches(batch: Batch, gcfg: GRPOConfig, mesh, rules) -> tuple[Batch, jax.Array]:
+    """The batch as [M, K, b, ...] minibatches with one combined float `mask` [M,K,b,T] (policy
+    tokens of kept, unpadded rows), and keep_B (the sample mask as float)."""
+    B = batch["tokens"].shape[0]
+    f32 = jnp.float32
+    keep_B = batch.get("sample_mask", jnp.ones((B,), f32)).astype(f32)
+    mask_BT = (batch["loss_mask"].astype(f32) * batch["attention_mask"].astype(f32)
+               * keep_B[:, None])
+    data = {k: v for k, v in batch.items() if k not in ("loss_mask", "sample_mask")}
+    data["mask"] = mask_BT
+    M, K = gcfg.num_minibatches, gcfg.num_microbatches
+    return jax.tree.map(lambda x: _split(x, M, K, mesh, rules), data), keep_B
+
+
+def _logprobs(mcfg, gcfg: GRPOConfig, params, tokens, attn):
+    """(logp [.., T], entropy or None) of `tokens` under log_softmax(logits / temperature)."""
+    with jax.named_scope("token_logprobs"):
+        out = models.token_logprobs(mcfg, params, tokens, attn, temperature=gcfg.temperature,
+                                    return_entropy=gcfg.compute_entropy,
+                                    chunk_size=gcfg.logprob_chunk)
     return out if gcfg.compute_entropy else (out, None)
 
 
-def _micro_loss(params, x, *, mcfg, gcfg):
+def _old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch) -> jax.Array:
+    """[M,K,b,T] logprobs under the params before the first update (the on-policy μ = 1
+    shortcut), one micro-batch at a time so memory stays that of one micro-batch."""
+    shape = mb["tokens"].shape
+    flat = lambda x: x.reshape((-1,) + shape[2:])  # noqa: E731 - [M,K,b,T] -> [M·K,b,T]
+    old = jax.lax.map(lambda ta: _logprobs(mcfg, gcfg, params, *ta)[0],
+                      (flat(mb["tokens"]), flat(mb["attention_mask"])))
+    return jax.lax.stop_gradient(old.reshape(shape))
+
+
+def _with_loss_weights(mb: Batch, gcfg: GRPOConfig) -> Batch:
+    """Adds loss weights `w` (by gcfg.agg) and token-mean metric weights `mw`, both computed from
+    each whole minibatch's mask so micro-batch losses sum to the minibatch loss."""
+    mask_MKbT = mb["mask"]
+    M = mask_MKbT.shape[0]
+    flat_MNT = mask_MKbT.reshape((M, -1, mask_MKbT.shape[-1]))
+    per_mb = lambda agg, n=None: jax.vmap(  # noqa: E731
+        lambda m: token_weights(m, agg, n))(flat_MNT).reshape(mask_MKbT.shape)
+    return {**mb, "w": per_mb(gcfg.agg, gcfg.norm_len), "mw": per_mb("token-mean")}
+
+
+def _micro_loss(params, x: Batch, *, mcfg, gcfg: GRPOConfig):
     logp, ent = _logprobs(mcfg, gcfg, params, x["tokens"], x["attention_mask"])
-    if gcfg.objective == "sft":
-        return sft_loss(logp, x["mask"], weights=x["w"])
-    return policy_loss_weighted(
-        logp, x["old_logprobs"], x["advantages"], x["mask"], x["w"], x["mw"],
-        clip_low=gcfg.clip_low, clip_high=gcfg.clip_high, dual_clip=gcfg.dual_clip,
-        log_ratio_clamp=gcfg.log_ratio_clamp, ref_logprobs=x.get("ref_logprobs"),
-        kl_coef=gcfg.kl_coef, kl=gcfg.kl, sampler_logprobs=x.get("sampler_logprobs"),
-        tis_cap=gcfg.tis_cap, entropy=ent)
+    with jax.named_scope("loss"):
+        if gcfg.objective == "sft":
+            return sft_loss(logp, x["mask"], weights=x["w"])
+        return policy_loss_weighted(
+            logp, x["old_logprobs"], x["advantages"], x["mask"], x["w"], x["mw"],
+            clip_low=gcfg.clip_low, clip_high=gcfg.clip_high, dual_clip=gcfg.dual_clip,
+            log_ratio_clamp=gcfg.log_ratio_clamp, ref_logprobs=x.get("ref_logprobs"),
+            kl_coef=gcfg.kl_coef, kl=gcfg.kl, sampler_logprobs=x.get("sampler_logprobs"),
+            tis_cap=gcfg.tis_cap, entropy=ent)
 
 
-def _reduce(metrics: dict[str, jax.Array], axis: int = 0) -> dict[str, jax.Array]:
+def _reduce(metrics: Metrics, axis: int = 0) -> Metrics:
     """Sum additive metrics over an axis (micro-batches); max for keys ending in '_max'."""
     return {k: (jnp.max(v, axis) if k.endswith("_max") else jnp.sum(v, axis))
             for k, v in metrics.items()}
+
+
+def _accumulate(grad_fn, params, mb_K: Batch) -> tuple[Any, Metrics]:
+    """Gradients summed over the K micro-batches of one minibatch, and their summed metrics."""
+    def micro(g_acc, x):
+        (_, met), g = grad_fn(params, x)
+        return jax.tree.map(jnp.add, g_acc, g), met
+
+    grads, met_K = jax.lax.scan(micro, jax.tree.map(jnp.zeros_like, params), mb_K)
+    return grads, _reduce(met_K)
+
+
+def _update_or_skip(opt: optax.GradientTransformation, params, opt_state, grads, loss,
+                    has_tokens) -> tuple[Any, Any, jax.Array, jax.Array, jax.Array]:
+    """(params, opt_state, applied, finite, grad_norm): the optimizer's update where the loss and
+    gradient are finite and the minibatch has policy tokens, else the old params and state."""
+    with jax.named_scope("optimizer"):
+        gnorm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        apply = finite & has_tokens
+        updates, new_opt = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        pick = lambda new, old: jax.tree.map(  # noqa: E731
+            lambda a, b: jnp.where(apply, a, b), new, old)
+        return pick(new_params, params), pick(new_opt, opt_state), apply, finite, gnorm
+
+
+def _summarise(met_EM: Metrics, keep_B: jax.Array) -> Metrics:
+    """Per-update metrics [E, M] -> scalars: means (max for '*_max'), skip/empty counts, the first
+    update's loss and log-ratio (exactly 0 when old logprobs were recomputed)."""
+    met_U = jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), met_EM)
+    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in met_U.items()}
+    metrics["skipped"] = jnp.sum(met_U["skipped"])
+    metrics["empty"] = jnp.sum(met_U["empty"])
+    metrics["loss_first"] = met_U["loss"][0]
+    if "log_ratio_absmax_max" in met_U:
+        metrics["log_ratio_absmax_first"] = met_U["log_ratio_absmax_max"][0]
+    metrics["dropped_samples"] = jnp.sum(keep_B == 0).astype(jnp.float32)
+    return metrics
 
 
 def _train_step(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
@@ -155,94 +202,59 @@ def _train_step(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
                                 rules=rules)
 
 
-def _train_step_body(state, batch, *, mcfg, gcfg, opt_cfg, mesh, rules):
+def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
+                     opt_cfg: OptimizerConfig, mesh, rules) -> tuple[TrainState, Metrics]:
     opt = make_optimizer(opt_cfg)
-    M, K, E = gcfg.num_minibatches, gcfg.num_microbatches, gcfg.ppo_epochs
-    B = batch["tokens"].shape[0]
-    f32 = jnp.float32
-    attn = batch["attention_mask"]
-    keep_B = batch.get("sample_mask", jnp.ones((B,), f32)).astype(f32)
-    mask = batch["loss_mask"].astype(f32) * attn.astype(f32) * keep_B[:, None]
-    data = {k: v for k, v in batch.items() if k not in ("loss_mask", "sample_mask")}
-    data["mask"] = mask
-    split = jax.tree.map(lambda x: _split(x, M, K, mesh, rules), data)  # [M, K, b, ...]
+    mb, keep_B = _minibatches(batch, gcfg, mesh, rules)
     if gcfg.objective == "grpo" and "old_logprobs" not in batch:
-        # On-policy μ = 1 shortcut: old logprobs from the params before the first update.
-        flat_tok = split["tokens"].reshape((M * K,) + split["tokens"].shape[2:])
-        flat_att = split["attention_mask"].reshape(flat_tok.shape)
-        old = jax.lax.map(lambda ta: _logprobs(mcfg, gcfg, state.params, *ta)[0],
-                          (flat_tok, flat_att))
-        split["old_logprobs"] = jax.lax.stop_gradient(old.reshape(split["tokens"].shape))
-    # Loss and metric weights from each whole minibatch's mask (see losses.token_weights).
-    mask_MKbT = split["mask"]
-    flat = mask_MKbT.reshape((M, -1, mask_MKbT.shape[-1]))
-    split["w"] = jax.vmap(lambda m: token_weights(m, gcfg.agg, gcfg.norm_len))(flat).reshape(
-        mask_MKbT.shape)
-    split["mw"] = jax.vmap(lambda m: token_weights(m, "token-mean"))(flat).reshape(
-        mask_MKbT.shape)
+        mb["old_logprobs"] = _old_logprobs(mcfg, gcfg, state.params, mb)
+    mb = _with_loss_weights(mb, gcfg)
     grad_fn = jax.value_and_grad(functools.partial(_micro_loss, mcfg=mcfg, gcfg=gcfg),
                                  has_aux=True)
 
-    def update(carry, mb):                               # one optimizer update on a minibatch
+    def update(carry, mb_K):                             # one optimizer update on a minibatch
         params, opt_state, n_up, n_skip = carry
-
-        def micro(g_acc, x):
-            (_, met), g = grad_fn(params, x)
-            return jax.tree.map(jnp.add, g_acc, g), met
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, met_K = jax.lax.scan(micro, zeros, mb)
-        met = _reduce(met_K)
-        gnorm = optax.global_norm(grads)
-        finite = jnp.isfinite(met["loss"]) & jnp.isfinite(gnorm)
-        empty = jnp.sum(mb["mask"]) == 0
-        apply = finite & ~empty
-        updates, new_opt = opt.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        pick = lambda new, old: jax.tree.map(  # noqa: E731
-            lambda a, b: jnp.where(apply, a, b), new, old)
-        met |= {"grad_norm": gnorm, "skipped": (~finite).astype(f32), "empty": empty.astype(f32),
-                "lr": lr_schedule(opt_cfg)(n_up)}
-        carry = (pick(new_params, params), pick(new_opt, opt_state),
-                 n_up + apply.astype(jnp.int32), n_skip + (~finite).astype(jnp.int32))
-        return carry, met
+        grads, met = _accumulate(grad_fn, params, mb_K)
+        empty = jnp.sum(mb_K["mask"]) == 0
+        params, opt_state, applied, finite, gnorm = _update_or_skip(
+            opt, params, opt_state, grads, met["loss"], ~empty)
+        met |= {"grad_norm": gnorm, "skipped": (~finite).astype(jnp.float32),
+                "empty": empty.astype(jnp.float32), "lr": lr_schedule(opt_cfg)(n_up)}
+        return (params, opt_state, n_up + applied.astype(jnp.int32),
+                n_skip + (~finite).astype(jnp.int32)), met
 
     def epoch(carry, _):
-        return jax.lax.scan(update, carry, split)
+        return jax.lax.scan(update, carry, mb)
 
     c = state.counters
     carry0 = (state.params, state.opt_state, c["updates"], c["skipped_updates"])
-    (params, opt_state, n_up, n_skip), met_EM = jax.lax.scan(epoch, carry0, None, length=E)
-    met_U = jax.tree.map(lambda v: v.reshape((E * M,) + v.shape[2:]), met_EM)
-    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in met_U.items()}
-    metrics["skipped"] = jnp.sum(met_U["skipped"])
-    metrics["empty"] = jnp.sum(met_U["empty"])
-    metrics["loss_first"] = met_U["loss"][0]
-    if "log_ratio_absmax_max" in met_U:
-        metrics["log_ratio_absmax_first"] = met_U["log_ratio_absmax_max"][0]
-    dropped = jnp.sum(keep_B == 0).astype(jnp.int32)
-    metrics["dropped_samples"] = dropped.astype(f32)
+    (params, opt_state, n_up, n_skip), met_EM = jax.lax.scan(epoch, carry0, None,
+                                                              length=gcfg.ppo_epochs)
+    metrics = _summarise(met_EM, keep_B)
     counters = {"train_steps": c["train_steps"] + 1, "updates": n_up, "skipped_updates": n_skip,
-                "dropped_samples": c["dropped_samples"] + dropped}
+                "dropped_samples": c["dropped_samples"] + jnp.sum(keep_B == 0).astype(jnp.int32)}
     return TrainState(params, opt_state, state.step + 1, counters), metrics
 
 
 def make_train_step(model_cfg: models.ModelConfig, grpo_cfg: GRPOConfig,
                     opt_cfg: OptimizerConfig, mesh: Mesh | None = None,
-                    rules: parallel.Rules = parallel.DEFAULT_RULES
-                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The jitted step. With a mesh: params/moments sharded by `models.param_shardings`, batch
-    rows over the batch axes, metrics replicated; the state argument is donated either way.
-    One compile per distinct set of batch keys and shapes."""
+                    rules: parallel.Rules = parallel.DEFAULT_RULES) -> TrainStep:
+    """The jitted state initialiser and step. With a mesh: params/moments sharded by
+    `models.param_shardings`, batch rows over the batch axes, metrics replicated; the state
+    argument of `step` is donated either way. One compile per distinct set of batch keys and
+    shapes."""
     body = functools.partial(_train_step, mcfg=model_cfg, gcfg=grpo_cfg, opt_cfg=opt_cfg,
                              mesh=mesh, rules=rules)
     s_sh = state_shardings(model_cfg, opt_cfg, mesh, rules) if mesh is not None else None
-    cache: dict[tuple, Callable] = {}
+    # Donated: the state takes over the params' buffers instead of holding a second copy.
+    init = jax.jit(lambda params: init_state(params, opt_cfg), out_shardings=s_sh,
+                   donate_argnums=0)
+    cache: dict[tuple[str, ...], Callable] = {}
 
-    def step(state: TrainState, batch: Batch):
+    def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         _check_batch(batch, grpo_cfg)
         if mesh is not None:
-            _check_data_parallel(batch, grpo_cfg, mesh, rules)
+            _check_data_parallel(batch, mesh, rules)
         key = tuple(sorted(batch))
         if key not in cache:
             if mesh is None:
@@ -253,5 +265,4 @@ def make_train_step(model_cfg: models.ModelConfig, grpo_cfg: GRPOConfig,
                                      out_shardings=(s_sh, rep), donate_argnums=0)
         return cache[key](state, batch)
 
-    step.state_shardings = s_sh  # type: ignore[attr-defined]
-    return step
+    return TrainStep(init=init, step=step, shardings=s_sh)

@@ -54,7 +54,7 @@ class Trainer:
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
         config.check_master_weights(cfg, params)
         setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer)
-        self.update = setup.make_update(self.model_cfg, self.mesh, cfg.grpo, cfg.optim)
+        self.update = rl.make_train_step(self.model_cfg, cfg.grpo, cfg.optim, self.mesh)
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)
         self.step = 0
@@ -108,10 +108,10 @@ class Trainer:
     def _sft(self) -> list[dict[str, Any]]:
         """Warm start on the environment's demonstrations (format and task, no preference)."""
         cfg = self.cfg
-        sft = setup.make_update(self.model_cfg, self.mesh,
-                                dataclasses.replace(cfg.grpo, objective="sft", num_minibatches=1,
-                                                    temperature=1.0, kl_coef=0.0),
-                                cfg.sft_optim or cfg.optim)
+        sft = rl.make_train_step(self.model_cfg,
+                                 dataclasses.replace(cfg.grpo, objective="sft", num_minibatches=1,
+                                                     temperature=1.0, kl_coef=0.0),
+                                 cfg.sft_optim or cfg.optim, self.mesh)
         self.state = sft.init(self.state.params) if self.step == 0 else self.state
         history = []
         demos = setup.demonstrations(self.env, self.train_tasks, self.tokenizer, cfg)
