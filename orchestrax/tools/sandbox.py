@@ -1,37 +1,49 @@
-"""Run untrusted Python in a bubblewrap sandbox: no network, read-only system, private tmpfs,
-rlimits and a wall-clock kill of the whole process group.
+"""Run untrusted Python in a bubblewrap sandbox: no network, read-only system, private size-capped
+tmpfs, no nested user namespaces, a seccomp filter (`sandbox_seccomp`), rlimits, a wall-clock kill,
+and bounds on the whole run (`sandbox_limits`).
 
-Why the extra host-side uid drop: as root, a process inside `--unshare-user --uid 65534` still maps
-to host uid 0, so the kernel exempts it from RLIMIT_NPROC (fork bombs run free) and owner
-permissions on root-owned files apply. We therefore start bwrap as an unprivileged host uid (one per
-concurrent slot, so one sandbox's process budget does not starve another's) when we are root.
+Why the host-side uid drop: as root, a process inside `--unshare-user --uid 65534` still maps to
+host uid 0, so the kernel exempts it from RLIMIT_NPROC (fork bombs run free) and owner permissions
+on root-owned files apply. As root every run is therefore started as a host uid of its own, leased
+from a pool of free ones, and (where the host allows) inside a cgroup of its own that caps memory
+and processes summed over the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
+import functools
 import json
 import logging
 import os
 import pathlib
 import shutil
 import signal
+import subprocess
 import time
 from typing import Literal
+
+from orchestrax.tools import sandbox_limits
+from orchestrax.tools.sandbox_seccomp import build_filter
 
 log = logging.getLogger(__name__)
 
 SandboxMode = Literal["bwrap", "none"]
+LimitsMode = Literal["auto", "cgroup", "uid"]
 TRUNCATION_MARKER = "\n[... truncated {n} bytes ...]\n"
 _SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
-_slots = itertools.count()
+_FILTER = build_filter()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SandboxConfig:
-    """Limits: seconds of CPU and wall time, bytes of address space / file size / tmpfs / output."""
+    """Limits: seconds of CPU and wall time, bytes of address space / file size / tmpfs / output.
+
+    `memory_bytes` and `processes` bound the whole run (all its processes together) when it gets a
+    cgroup; `limits` says whether it must ('cgroup'), may ('auto') or must not ('uid': leased uid
+    and rlimits only, so memory is bounded by processes x address_space_bytes).
+    """
 
     mode: SandboxMode = "bwrap"
     python: str = "/usr/bin/python3"
@@ -42,16 +54,22 @@ class SandboxConfig:
     file_size_bytes: int = 16 << 20
     tmpfs_bytes: int = 64 << 20            # each of /tmp and /dev/shm
     open_files: int = 64
-    processes: int = 32                    # per host uid slot; contains fork bombs
+    processes: int = 32                    # per run (cgroup pids.max and the leased uid's NPROC)
+    memory_bytes: int = 1 << 30            # per run, tmpfs included; needs a cgroup
+    limits: LimitsMode = "auto"
     output_bytes: int = 16 << 10           # per stream, before the truncation marker
     host_uid_base: int = 200_000           # only used when running as root
-    host_uid_slots: int = 64
+    host_uid_slots: int = 64               # most runs at once; a run waits for a free uid
 
     def __post_init__(self):
         if self.mode not in ("bwrap", "none"):
             raise ValueError(f"SandboxConfig.mode={self.mode!r}; allowed: 'bwrap', 'none'")
+        if self.limits not in ("auto", "cgroup", "uid"):
+            raise ValueError(f"SandboxConfig.limits={self.limits!r}; allowed: 'auto', 'cgroup', "
+                             "'uid'")
         for field in ("wall_timeout_s", "cpu_seconds", "address_space_bytes", "file_size_bytes",
-                      "tmpfs_bytes", "open_files", "processes", "output_bytes", "host_uid_slots"):
+                      "tmpfs_bytes", "open_files", "processes", "output_bytes", "host_uid_slots",
+                      "memory_bytes", "host_uid_base"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"SandboxConfig.{field}={getattr(self, field)}; must be > 0")
         if not os.path.isabs(self.python):
@@ -65,6 +83,9 @@ class SandboxResult:
     exit_code: int | None           # negative: killed by that signal
     timed_out: bool                 # the wall-clock limit fired
     seconds: float
+    memory_limit_hit: bool = False  # the run's cgroup OOM-killed one of its processes
+    error: str | None = None        # the sandbox itself failed (not the code); nothing ran or
+                                    # the run was cut short
 
     def observation(self) -> str:
         """What the policy sees: streams, then a one-line status when the run did not exit 0."""
@@ -73,7 +94,11 @@ class SandboxResult:
             parts.append(self.stdout.rstrip("\n"))
         if self.stderr:
             parts.append("[stderr]\n" + self.stderr.rstrip("\n"))
-        if self.timed_out:
+        if self.error is not None:
+            parts.append(f"[sandbox error: {self.error}]")
+        elif self.memory_limit_hit:
+            parts.append("[killed: memory limit of the run reached]")
+        elif self.timed_out:
             parts.append(f"[killed: wall-clock limit reached after {self.seconds:.1f} s]")
         elif self.exit_code is not None and self.exit_code < 0:
             name = signal.Signals(-self.exit_code).name
@@ -102,17 +127,21 @@ def check_available(config: SandboxConfig) -> None:
         raise SandboxUnavailable("prlimit (util-linux) is not installed; it sets the rlimits")
     if not os.access(config.python, os.X_OK):
         raise SandboxUnavailable(f"SandboxConfig.python={config.python!r} is not an executable")
+    if not _bwrap_disables_userns():
+        raise SandboxUnavailable("bwrap lacks --disable-userns (bubblewrap >= 0.8.0 needed)")
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        raise SandboxUnavailable("setpriv (util-linux) is not installed; it drops to the run's uid")
+    if config.limits == "cgroup" and sandbox_limits.cgroup_host() is None:
+        raise SandboxUnavailable(
+            "SandboxConfig.limits='cgroup' but this process cannot create a cgroup with the memory "
+            "and pids controllers (needs root and a writable cgroup v2 with them delegated, or "
+            "writable v1 memory and pids hierarchies); use limits='auto' or 'uid'")
 
 
-def _processes_of(uid: int) -> int:
-    n = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                n += os.stat(f"/proc/{entry}").st_uid == uid
-            except FileNotFoundError:
-                pass
-    return n
+@functools.cache
+def _bwrap_disables_userns() -> bool:
+    usage = subprocess.run([shutil.which("bwrap"), "--help"], capture_output=True, text=True)
+    return "--disable-userns" in usage.stdout + usage.stderr
 
 
 def _prlimit_argv(config: SandboxConfig) -> list[str]:
@@ -120,7 +149,7 @@ def _prlimit_argv(config: SandboxConfig) -> list[str]:
     nproc = config.processes
     if os.geteuid() != 0:
         # RLIMIT_NPROC counts every process of the (shared) host uid, not just the sandbox's
-        nproc += _processes_of(os.geteuid())
+        nproc += len(sandbox_limits.processes_of(os.geteuid()))
     # soft limit sends SIGXCPU, the hard one a second later SIGKILL
     # absolute paths: the child's PATH is /usr/bin:/bin, the caller's may differ
     return [shutil.which("prlimit"), f"--cpu={cpu}:{cpu + 1}", f"--as={config.address_space_bytes}",
@@ -128,9 +157,10 @@ def _prlimit_argv(config: SandboxConfig) -> list[str]:
             f"--nproc={nproc}", "--core=0", "--"]
 
 
-def _bwrap_argv(config: SandboxConfig, info_fd: int | None) -> list[str]:
+def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | None) -> list[str]:
     argv = [shutil.which("bwrap"), *(["--info-fd", str(info_fd)] if info_fd is not None else []),
-            "--unshare-all", "--unshare-user", "--uid", "65534",
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+            "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
             "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
@@ -151,13 +181,15 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None) -> list[str]:
     return argv + ["--remount-ro", "/", "--chdir", "/tmp"]
 
 
-def build_argv(config: SandboxConfig, info_fd: int | None = None) -> list[str]:
-    """The full command line; the code itself goes to the interpreter's stdin. bwrap writes
-    {"child-pid": host pid of the namespace's init} to `info_fd`."""
+def build_argv(config: SandboxConfig, info_fd: int | None = None,
+               seccomp_fd: int | None = None) -> list[str]:
+    """The command line after the run's lease prefix; the code itself goes to the interpreter's
+    stdin. bwrap writes {"child-pid": host pid of the namespace's init} to `info_fd` and reads the
+    compiled seccomp filter from `seccomp_fd`."""
     py = [config.python, "-I", "-"]
     if config.mode == "none":
         return _prlimit_argv(config) + py
-    return _prlimit_argv(config) + _bwrap_argv(config, info_fd) + py
+    return _prlimit_argv(config) + _bwrap_argv(config, info_fd, seccomp_fd) + py
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> str:
@@ -169,13 +201,6 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> str:
         dropped += max(0, len(chunk) - room)
     text = kept.decode("utf-8", errors="replace")
     return text + TRUNCATION_MARKER.format(n=dropped) if dropped else text
-
-
-def _host_ids(config: SandboxConfig) -> dict:
-    if os.geteuid() != 0:
-        return {}
-    uid = config.host_uid_base + next(_slots) % config.host_uid_slots
-    return {"user": uid, "group": uid, "extra_groups": []}
 
 
 def _kill_group(pid: int) -> None:
@@ -233,24 +258,62 @@ async def _kill_namespace(init: tuple[int, str]) -> None:
 
 
 async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
-    """Run `code` with the sandbox's interpreter; never raises for anything the code does.
-    When it returns (or is cancelled: an executor's timeout) no process of the run is alive."""
-    check_available(config)
+    """Run `code` with the sandbox's interpreter. Never raises (a failure of the sandbox itself
+    comes back as `SandboxResult.error`) except `CancelledError`; when it returns or is cancelled
+    (an executor's timeout) no process of the run is alive."""
     t0 = time.monotonic()
-    info_r, info_w = os.pipe() if config.mode == "bwrap" else (None, None)
+    try:
+        check_available(config)
+        lease = await sandbox_limits.acquire(
+            uid_base=config.host_uid_base, uid_slots=config.host_uid_slots,
+            wait_s=config.wall_timeout_s, use_cgroup=config.limits != "uid",
+            memory_bytes=config.memory_bytes, processes=config.processes)
+    except (SandboxUnavailable, sandbox_limits.SandboxBusy, OSError) as e:
+        return _failed(e, t0)
+    try:
+        return await _run_leased(code, config, lease, t0)
+    except (OSError, ValueError, RuntimeError) as e:
+        log.exception("sandbox run failed")
+        return _failed(e, t0)
+    finally:
+        await asyncio.shield(lease.release())
+
+
+def _failed(e: BaseException, t0: float) -> SandboxResult:
+    return SandboxResult(stdout="", stderr="", exit_code=None, timed_out=False,
+                         seconds=time.monotonic() - t0, error=f"{type(e).__name__}: {e}")
+
+
+def _filter_pipe() -> int:
+    """A pipe's read end holding the compiled seccomp filter (a few hundred bytes: fits the pipe
+    buffer, so no reader is needed yet). One per run: bwrap reads it to EOF."""
+    r, w = os.pipe()
+    try:
+        os.write(w, _FILTER)
+    finally:
+        os.close(w)
+    return r
+
+
+async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Lease,
+                      t0: float) -> SandboxResult:
+    bwrap = config.mode == "bwrap"
+    info_r, info_w = os.pipe() if bwrap else (None, None)
+    seccomp_r = _filter_pipe() if bwrap else None
+    child_fds = tuple(fd for fd in (info_w, seccomp_r) if fd is not None)
     try:
         proc = await asyncio.create_subprocess_exec(
-            *build_argv(config, info_w), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, process_group=0,
-            env={"PATH": "/usr/bin:/bin"}, cwd="/",
-            pass_fds=(info_w,) if info_w is not None else (), **_host_ids(config))
+            *lease.argv_prefix(), *build_argv(config, info_w, seccomp_r),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": "/usr/bin:/bin"},
+            cwd="/", pass_fds=child_fds)
     except BaseException:
         if info_r is not None:
             os.close(info_r)
         raise
     finally:
-        if info_w is not None:
-            os.close(info_w)
+        for fd in child_fds:
+            os.close(fd)
     readers = asyncio.gather(_read_capped(proc.stdout, config.output_bytes),
                              _read_capped(proc.stderr, config.output_bytes))
     init, timed_out = None, False
@@ -258,7 +321,8 @@ async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
         if info_r is not None:
             init = await _namespace_init(info_r, config.wall_timeout_s)
         try:
-            proc.stdin.write(code.encode())
+            # a lone surrogate goes through as bytes: the interpreter reports the bad source
+            proc.stdin.write(code.encode("utf-8", "surrogatepass"))
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the child died before reading all its code; its stderr says why
@@ -279,7 +343,8 @@ async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
     except asyncio.TimeoutError:  # a daemonised grandchild kept the pipe open (mode='none' only)
         stdout, stderr = "", "[output pipes held open by a surviving process]"
     status = proc.returncode
-    if config.mode == "bwrap" and status is not None and status > 128:
+    if bwrap and status is not None and status > 128:
         status = -(status - 128)  # bwrap reports a signalled child as 128 + signal number
-    return SandboxResult(stdout=stdout, stderr=stderr, exit_code=status,
-                         timed_out=timed_out, seconds=time.monotonic() - t0)
+    oom = lease.cgroup is not None and lease.cgroup.oom_kills() > 0
+    return SandboxResult(stdout=stdout, stderr=stderr, exit_code=status, timed_out=timed_out,
+                         seconds=time.monotonic() - t0, memory_limit_hit=oom)
