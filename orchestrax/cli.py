@@ -31,11 +31,18 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                    help="override a config field, e.g. rollout.group_size=4 (repeatable)")
 
 
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.eval.main import add_arguments
+    add_arguments(sub.add_parser("eval", help="measure a policy on task sets (accuracy, cost, "
+                                              "latency, calls per tool, preference adherence)"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrax")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _train_parser(sub)
+    _eval_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         from orchestrax.rollout.serve_main import serve
@@ -43,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         from orchestrax.train.main import run
         return run(args.config, args.set)
+    if args.command == "eval":
+        from orchestrax.eval.main import run as run_eval
+        return run_eval(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

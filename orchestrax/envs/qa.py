@@ -13,12 +13,14 @@ import hashlib
 import json
 import logging
 import pathlib
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from orchestrax.agent.trajectory import Trajectory
 from orchestrax.envs.base import Task
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
 from orchestrax.envs.qa_grading import exact_match, judge_match, math_match
+from orchestrax.tools.base import Tool
+from orchestrax.tools.randomize import instance_tools
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +103,20 @@ def _in_test(task_id: str, fraction: float) -> bool:
 
 
 class QAEnv:
-    """QA tasks need no domain tools: `tools()` is empty and the orchestrator brings its own
-    (search, code, LLMs). A judge that stays unreachable after retries falls back to exact
-    match for that answer (logged, counted in `judge_failures`) rather than ending training."""
+    """QA tasks have no domain tools: the orchestrator's tools are the catalog passed as `tools`
+    (`tools.catalog.build_catalog`: code, search, LLMs). A task whose metadata carries a
+    `tool_config` (a per-instance subset and pricing sheet, `tools.randomize`) gets that subset,
+    repriced. A judge that stays unreachable after retries falls back to exact match for that
+    answer (logged, counted in `judge_failures`) rather than ending training."""
 
-    def __init__(self, config: QAConfig | None = None, **fields: Any):
-        """`QAEnv(QAConfig(...))` or `QAEnv(path=..., grader=...)`."""
+    def __init__(self, config: QAConfig | None = None, *, tools: Mapping[str, Tool] | None = None,
+                 **fields: Any):
+        """`QAEnv(QAConfig(...), tools=catalog)` or `QAEnv(path=..., grader=..., tools=...)`."""
         if (config is None) == (not fields):
             raise ValueError("QAEnv takes a QAConfig or QAConfig's fields (path=..., ...), not both")
         config = config or QAConfig(**fields)
         self.config = config
+        self.catalog: dict[str, Tool] = dict(tools or {})
         self.grader: Grader = config.grader or default_grader(config.path)
         self._tasks = load_jsonl(config.path)
         self.judge_failures = 0
@@ -125,8 +131,9 @@ class QAEnv:
         want_test = split == "test"
         return [t for t in self._tasks if _in_test(t.task_id, self.config.test_fraction) == want_test]
 
-    def tools(self, task: Task) -> list:
-        return []
+    def tools(self, task: Task) -> list[Tool]:
+        """The catalog in name order, or the task instance's randomised subset of it."""
+        return instance_tools(self.catalog, task)
 
     async def grade(self, task: Task, prediction: str | None) -> float:
         golds = list(task.answer)

@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import random
-from typing import Mapping
+from typing import Any, Mapping
 
 from orchestrax.tools.base import Tool
 from orchestrax.tools.llm_tool import LLMTool
@@ -82,3 +82,27 @@ def reprice(tool: Tool, sheet: PricingSheet) -> Tool:
 def apply_config(catalog: Mapping[str, Tool], sample: ToolConfigSample) -> dict[str, Tool]:
     sheet = load_sheet(sample.sheet)
     return {name: reprice(catalog[name], sheet) for name in sample.tools}
+
+
+TOOL_CONFIG_KEY = "tool_config"  # Task.metadata key: {"tools": [names], "sheet": sheet name}
+
+
+def with_tool_config(task: Any, sample: ToolConfigSample) -> Any:
+    """`task` (an envs.base.Task) carrying its instance's tool subset and sheet in metadata, so
+    every process that rebuilds its tools (trainer, episode workers, eval) gets the same ones."""
+    meta = dict(task.metadata) | {TOOL_CONFIG_KEY: {"tools": list(sample.tools),
+                                                    "sheet": sample.sheet}}
+    return dataclasses.replace(task, metadata=meta)
+
+
+def instance_tools(catalog: Mapping[str, Tool], task: Any) -> list[Tool]:
+    """The catalog's tools in name order, or the subset and sheet the task instance carries."""
+    spec = task.metadata.get(TOOL_CONFIG_KEY)
+    if spec is None:
+        return [catalog[name] for name in sorted(catalog)]
+    missing = sorted(set(spec["tools"]) - set(catalog))
+    if missing:
+        raise ValueError(f"task {task.task_id!r}: tool_config names tools not in the catalog: "
+                         f"{missing}; catalog: {sorted(catalog)}")
+    sample = ToolConfigSample(tools=tuple(sorted(spec["tools"])), sheet=spec["sheet"])
+    return list(apply_config(catalog, sample).values())

@@ -10,6 +10,7 @@ File shape: {"name", "split": "train"|"eval", "note",
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 from typing import Any, Literal
@@ -76,8 +77,10 @@ def sheet_from_json(data: dict[str, Any]) -> PricingSheet:
                         note=data.get("note", ""))
 
 
+@functools.lru_cache(maxsize=64)
 def load_sheet(name_or_path: str | pathlib.Path) -> PricingSheet:
-    """A bundled sheet by name ("train_list") or any JSON file by path."""
+    """A bundled sheet by name ("train_list") or any JSON file by path; read once per process
+    (every episode reprices its tools), so treat the returned sheet as read-only."""
     path = pathlib.Path(name_or_path)
     if not path.suffix:
         path = SHEET_DIR / f"{name_or_path}.json"

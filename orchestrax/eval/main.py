@@ -1,0 +1,214 @@
+"""`orchestrax eval`: one policy over task sets; table, JSON, CSV and plots.
+
+    orchestrax eval --policy runs/demo/cost --tasks routing --tokenizer tiny
+    orchestrax eval --policy openai:http://127.0.0.1:30000/v1 --model qwen3-8b --tasks frames \
+        --config configs/qwen3_8b_gpu.py --sheet eval_heldout --baseline runs/eval_base/eval.json
+
+The turn-limit sweep (default 10/20/50/100) runs each task once at the largest limit and cuts the
+episodes at the smaller ones (`core.at_turn_limit`), which is exact at temperature 0, the paper's
+evaluation protocol; at temperature > 0 every limit is a separate run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import pathlib
+from typing import Any, Sequence
+
+from orchestrax.agent.episode import EpisodeConfig
+from orchestrax.eval import report
+from orchestrax.eval.core import TaskSet, at_turn_limit, evaluate
+from orchestrax.eval.metrics import preference_adherence, summarize
+from orchestrax.eval.policy import Policy, load_policy
+from orchestrax.eval.records import EpisodeRecord
+from orchestrax.eval.runners import RUNNERS, EvalConfig
+from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
+from orchestrax.rollout.base import SamplingParams
+from orchestrax.tools.chat_client import ChatEndpoint
+
+DEFAULT_SWEEP = (10, 20, 50, 100)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalRun:
+    task_sets: tuple[str, ...]
+    cfg: EvalConfig = EvalConfig()
+    turn_limits: tuple[int, ...] = DEFAULT_SWEEP   # the sweep; () for the main limit only
+    runner: str = "direct"
+    max_in_flight: int = 64
+    baseline: str | None = None                    # an earlier run's eval.json
+    options: TaskSetOptions = TaskSetOptions()
+    progress: bool = True
+
+    def __post_init__(self):
+        if not self.task_sets:
+            raise ValueError("EvalRun.task_sets is empty; name at least one task set")
+        if any(n < 1 for n in self.turn_limits):
+            raise ValueError(f"EvalRun.turn_limits={self.turn_limits}; each must be >= 1")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"EvalRun.runner={self.runner!r}; registered: {sorted(RUNNERS)}")
+
+
+def load_baseline(path: str) -> dict[str, list[EpisodeRecord]]:
+    """Task set -> episode records (at that run's main turn limit) of an earlier eval.json."""
+    data = json.loads(pathlib.Path(path).read_text())
+    if "records" not in data:
+        raise ValueError(f"--baseline {path}: not an `orchestrax eval` JSON (no 'records')")
+    return {name: [EpisodeRecord.from_json(r) for r in rows]
+            for name, rows in data["records"].items()}
+
+
+async def _run_set(ts: TaskSet, policy: Policy, run: EvalRun) -> dict[int, list[EpisodeRecord]]:
+    """Records per turn limit (the main limit and every sweep limit)."""
+    main = run.cfg.episode.max_turns
+    limits = sorted({main, *run.turn_limits})
+
+    async def at(limit: int) -> list[EpisodeRecord]:
+        cfg = dataclasses.replace(run.cfg, episode=dataclasses.replace(run.cfg.episode,
+                                                                        max_turns=limit))
+        return await evaluate(ts, policy, cfg, runner=run.runner,
+                              max_in_flight=run.max_in_flight, progress=run.progress)
+
+    if run.cfg.episode.sampling.temperature > 0:
+        return {limit: await at(limit) for limit in limits}
+    longest = await at(limits[-1])
+    out = {limits[-1]: longest}
+    for limit in limits[:-1]:
+        out[limit] = await at_turn_limit(longest, ts, limit, run.cfg)
+    return out
+
+
+async def run_eval(policy: Policy, run: EvalRun) -> dict[str, Any]:
+    """The whole evaluation: {"policy", "created", "main_turn_limit", "rows", "records"}.
+    `rows`: one summary per task set and turn limit; `records`: every episode at the main limit."""
+    baseline = load_baseline(run.baseline) if run.baseline else {}
+    main = run.cfg.episode.max_turns
+    rows, records = [], {}
+    for name in run.task_sets:
+        ts = load_task_set(name, run.options)
+        by_limit = await _run_set(ts, policy, run)
+        records[ts.name] = [r.to_json() for r in by_limit[main]]
+        for limit, recs in sorted(by_limit.items()):
+            row = {"policy": policy.name, "task_set": ts.name, "turn_limit": limit,
+                   **summarize(recs)}
+            adh = (preference_adherence(recs, baseline[ts.name]) if ts.name in baseline
+                   else {"adherence": None, "tasks": 0, "missing": 0})
+            row |= {"adherence": adh["adherence"], "adherence_tasks": adh["tasks"]}
+            rows.append(row)
+    return {"policy": policy.name,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "main_turn_limit": main, "rows": rows, "records": records}
+
+
+def write_outputs(payload: dict[str, Any], out_dir: str | pathlib.Path) -> list[pathlib.Path]:
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(out / "eval.json", payload)
+    report.write_csv(out / "eval.csv", payload["rows"])
+    return [out / "eval.json", out / "eval.csv",
+            *report.plot(out, payload["rows"], payload["main_turn_limit"])]
+
+
+def _endpoint(url: str | None, model: str | None, key_env: str | None, flag: str):
+    if url is None:
+        return None
+    if not model:
+        raise ValueError(f"--{flag}-url needs --{flag}-model")
+    return ChatEndpoint(base_url=url, model=model, api_key_env=key_env)
+
+
+def _catalog(config: str | None, sheet: str | None):
+    """The tool set and pricing of a TrainConfig (its `tools` field), optionally repriced by
+    `sheet` (e.g. the held-out eval sheet). None without --config."""
+    if config is None:
+        return None, ()
+    from orchestrax.tools.catalog import build_catalog
+    from orchestrax.train.main import load_config
+    cfg = load_config(config)
+    routing = cfg.env_kwargs if cfg.env == "routing" else ()
+    if getattr(cfg, "tools", None) is None:
+        return None, routing
+    catalog_cfg = cfg.tools if sheet is None else dataclasses.replace(cfg.tools, sheet=sheet)
+    return build_catalog(catalog_cfg), routing
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrax.train.setup import configure_logging
+    configure_logging()
+    catalog, routing = _catalog(args.config, args.sheet)
+    options = TaskSetOptions(
+        split=args.split, limit=args.limit, grader=args.grader, tools=catalog, routing=routing,
+        judge=_endpoint(args.judge_url, args.judge_model, args.judge_key_env, "judge"),
+        tau2_user=_endpoint(args.user_url, args.user_model, args.user_key_env, "user"))
+    pricing = None
+    if args.policy_price:
+        from orchestrax.tools.sheets import load_sheet
+        pricing = load_sheet(args.sheet or "train_list").model_pricing(args.policy_price)
+    cfg = EvalConfig(
+        episode=EpisodeConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
+                              max_new_tokens=args.max_new_tokens,
+                              enable_thinking=not args.no_thinking,
+                              sampling=SamplingParams(temperature=args.temperature)),
+        policy_pricing=pricing, seconds_per_token=args.seconds_per_token)
+    sweep = tuple(int(x) for x in args.turn_sweep.split(",") if x) if args.turn_sweep else ()
+    spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep, runner=args.agent,
+                   max_in_flight=args.max_in_flight, baseline=args.baseline, options=options,
+                   progress=not args.no_progress)
+    policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
+                         api_key_env=args.api_key_env, max_len=args.context_tokens,
+                         seed=args.seed)
+
+    async def go():
+        try:
+            return await run_eval(policy, spec)
+        finally:
+            await policy.aclose()
+
+    payload = asyncio.run(go())
+    print(report.table(payload["rows"]))
+    for path in write_outputs(payload, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True,
+                   help="a training run dir or HF dir (embedded sampler), sglang:URL, or openai:URL")
+    p.add_argument("--model", help="model name for an openai: policy")
+    p.add_argument("--api-key-env", help="env var with the bearer key of an openai: policy")
+    p.add_argument("--tokenizer", help="'tiny' or a HF tokenizer dir (default: the policy dir's)")
+    p.add_argument("--tasks", nargs="+", required=True,
+                   help="routing, tau2:retail, tau2:airline, frames, musique, bamboogle, aime, "
+                        "or a .jsonl path")
+    p.add_argument("--split", help="override the task set's default split")
+    p.add_argument("--limit", type=int, help="first N tasks of each set")
+    p.add_argument("--config", help="configs/x.py[:fn]: tool set and pricing (TrainConfig.tools)")
+    p.add_argument("--sheet", help="pricing sheet to reprice the tools with (e.g. eval_heldout)")
+    p.add_argument("--policy-price", metavar="MODEL",
+                   help="bill the policy's own tokens at this model's row of the sheet")
+    p.add_argument("--agent", default="direct", choices=sorted(RUNNERS))
+    p.add_argument("--max-turns", type=int, default=50)
+    p.add_argument("--turn-sweep", default="10,20,50,100",
+                   help="comma-separated turn limits ('' for none)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--context-tokens", type=int, default=32_768)
+    p.add_argument("--no-thinking", action="store_true")
+    p.add_argument("--seconds-per-token", type=float,
+                   help="charge this per generated token instead of measured generation time")
+    p.add_argument("--max-in-flight", type=int, default=64)
+    p.add_argument("--grader", choices=("exact", "math", "judge"))
+    p.add_argument("--judge-url")
+    p.add_argument("--judge-model")
+    p.add_argument("--judge-key-env")
+    p.add_argument("--user-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
+    p.add_argument("--user-model")
+    p.add_argument("--user-key-env")
+    p.add_argument("--baseline", help="an earlier eval.json: preference adherence against it")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/eval")
+    p.add_argument("--no-progress", action="store_true")

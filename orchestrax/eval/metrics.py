@@ -1,0 +1,80 @@
+"""Per-task-set numbers in the paper's units: accuracy, cents and minutes per task, tokens, turns,
+calls per tool (Table 15), and preference adherence (Appendix L, Eq. 6).
+
+Preference adherence, as computed here: for each task that has a preference vector P, the
+policy's trajectory and the baseline's trajectory on the same task form a group of two; each
+feature of M = [calls per tool…, outcome, −cost, −latency] is min–max normalised over that pair
+(a feature equal in both counts 0), and the score is M_norm · P when the policy solved the task,
+else 0: the paper's training reward (Eq. 2) with the baseline as the only other member of the
+group. The mean over tasks is reported; a policy that behaves exactly like the baseline on every
+feature scores outcome-only 0, one that does better on what P weighs scores up to sum(P).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+
+from orchestrax.eval.records import EpisodeRecord
+from orchestrax.rl.reward import toolorchestra_reward
+
+
+def summarize(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+    """Means per task (cost in US cents, latency in minutes) and calls per tool per task."""
+    if not records:
+        raise ValueError("summarize: no records")
+    n = len(records)
+
+    def mean(xs) -> float:
+        return float(sum(xs) / n)
+
+    calls: Counter[str] = Counter()
+    for r in records:
+        calls.update(r.calls)
+    total = sum(calls.values())
+    return {
+        "tasks": n,
+        "accuracy": mean(r.outcome for r in records),
+        "cents_per_task": mean(100.0 * r.cost_usd for r in records),
+        "minutes_per_task": mean(r.latency_s / 60.0 for r in records),
+        "prompt_tokens": mean(r.prompt_tokens for r in records),
+        "completion_tokens": mean(r.completion_tokens for r in records),
+        "tool_input_tokens": mean(r.tool_input_tokens for r in records),
+        "tool_output_tokens": mean(r.tool_output_tokens for r in records),
+        "turns": mean(r.turns for r in records),
+        "calls_per_task": {k: calls[k] / n for k in sorted(calls)},
+        "call_share": {k: calls[k] / total for k in sorted(calls)} if total else {},
+        "errors": sum(r.end_reason == "error" for r in records),
+    }
+
+
+def preference_adherence(records: Sequence[EpisodeRecord],
+                         baseline: Sequence[EpisodeRecord]) -> dict[str, Any]:
+    """{"adherence": mean score or None, "tasks": how many were scored, "missing": tasks with a
+    preference that the baseline did not run}. Baseline records pair with records by task_id."""
+    base = {r.task_id: r for r in baseline}
+    pairs = [(r, base[r.task_id]) for r in records
+             if r.preference is not None and r.task_id in base]
+    missing = sum(r.preference is not None and r.task_id not in base for r in records)
+    if not pairs:
+        return {"adherence": None, "tasks": 0, "missing": missing}
+    width = max(len(r.tool_names) for r, _ in pairs)
+    counts = np.zeros((len(pairs), 2, width), np.float32)
+    pref = np.zeros((len(pairs), width + 3), np.float32)
+    outcome = np.zeros((len(pairs), 2), np.float32)
+    cost = np.zeros((len(pairs), 2), np.float32)
+    latency = np.zeros((len(pairs), 2), np.float32)
+    for i, (r, b) in enumerate(pairs):
+        if len(r.preference) != len(r.tool_names) + 3:
+            raise ValueError(f"record {r.task_id}: preference has {len(r.preference)} entries "
+                             f"for {len(r.tool_names)} tools; expected tools + 3")
+        for g, rec in enumerate((r, b)):
+            # aligned by name: the baseline may have been offered the tools in another order
+            counts[i, g, :len(r.tool_names)] = [rec.calls.get(name, 0) for name in r.tool_names]
+            outcome[i, g], cost[i, g], latency[i, g] = rec.outcome, rec.cost_usd, rec.latency_s
+        pref[i, :len(r.tool_names)] = r.preference[:-3]
+        pref[i, width:] = r.preference[-3:]
+    R = np.asarray(toolorchestra_reward(counts, outcome, cost, latency, pref, scope="group"))
+    return {"adherence": float(R[:, 0].mean()), "tasks": len(pairs), "missing": missing}

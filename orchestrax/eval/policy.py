@@ -1,0 +1,221 @@
+"""Policies `orchestrax eval` can measure, behind one `episode()` method.
+
+- `TokenPolicy`: token-in/token-out through the agent's own episode loop, on any `Sampler`
+  (the embedded JAX sampler on an HF directory or a training run's Orbax checkpoint, or SGLang /
+  `orchestrax serve` over HTTP). This is exactly how the trainer rolls out.
+- `ChatPolicy`: any OpenAI-compatible endpoint plus a model name, so prompted baselines (a hosted
+  model, a Qwen3-8B behind SGLang's chat API) go through the same tasks, tools and metrics. The
+  endpoint gets the same system turn as a trained policy (the Qwen3 tools block, rendered by
+  `agent.chat`) and answers in text with `<tool_call>` blocks; tool results go back as
+  `<tool_response>` blocks in a user turn, the way Qwen3's template renders tool messages.
+  Native `tool_calls` are not used, so every model sees the same protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Any, Protocol, Sequence
+
+import aiohttp
+
+from orchestrax.agent import chat
+from orchestrax.agent.codec import Codec
+from orchestrax.agent.episode import EpisodeConfig, UserResponder, prompt_messages, run_episode
+from orchestrax.agent.executor import ToolExecutor
+from orchestrax.agent.parser import ToolCallParser
+from orchestrax.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
+from orchestrax.envs.base import Task
+from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
+from orchestrax.tools.base import Tool
+from orchestrax.tools.chat_client import ChatEndpoint, ChatError
+from orchestrax.tools.chat_client import chat as chat_completion
+
+
+@dataclasses.dataclass(kw_only=True)
+class PolicyEpisode:
+    trajectory: Trajectory
+    turn_seconds: list[float]          # wall time of each assistant turn's generation
+
+
+class Policy(Protocol):
+    name: str
+
+    async def episode(self, task: Task, tools: Sequence[Tool], *, config: EpisodeConfig,
+                      user: UserResponder | None = None) -> PolicyEpisode: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _TimedSampler:
+    """One episode's view of a shared sampler that records each successful call's wall time."""
+
+    def __init__(self, inner: Sampler):
+        self.inner, self.seconds = inner, []
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        t0 = time.monotonic()
+        out = await self.inner.generate(requests)
+        self.seconds.append(time.monotonic() - t0)
+        return out
+
+
+class TokenPolicy:
+    def __init__(self, sampler: Sampler, tokenizer: Any, *, name: str):
+        self.sampler, self.codec, self.name = sampler, Codec(tokenizer), name
+        self._executor: ToolExecutor | None = None
+
+    async def episode(self, task, tools, *, config, user=None) -> PolicyEpisode:
+        self._executor = self._executor or ToolExecutor()  # made inside the running loop
+        timed = _TimedSampler(self.sampler)
+        traj = await run_episode(timed, self.codec, task, tools, config=config,
+                                 executor=self._executor, user=user)
+        return PolicyEpisode(trajectory=traj, turn_seconds=timed.seconds)
+
+    async def aclose(self) -> None:
+        if hasattr(self.sampler, "aclose"):
+            await self.sampler.aclose()
+
+
+def _tool_responses(observations: Sequence[str]) -> str:
+    return "\n".join(f"<tool_response>\n{o}\n</tool_response>" for o in observations)
+
+
+class ChatPolicy:
+    def __init__(self, endpoint: ChatEndpoint, *, name: str | None = None):
+        self.endpoint, self.name = endpoint, name or endpoint.model
+        self._executor: ToolExecutor | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def episode(self, task, tools, *, config, user=None) -> PolicyEpisode:
+        self._executor = self._executor or ToolExecutor()
+        self._session = self._session or aiohttp.ClientSession()
+        specs = [t.spec for t in tools]
+        by_name = {t.spec.name: t for t in tools}
+        parser = ToolCallParser(specs)
+        messages = prompt_messages(task)
+        wire = [dict(m) for m in messages]
+        system = wire[0]["content"] if wire and wire[0]["role"] == "system" else None
+        if specs:
+            body = chat.system_prompt(system, specs)
+            body = body.removeprefix(f"{chat.IM_START}system\n").removesuffix(f"{chat.IM_END}\n")
+            wire = [{"role": "system", "content": body}] + wire[1 if system is not None else 0:]
+        traj = Trajectory(task_id=task.task_id, messages=list(messages))
+        seconds: list[float] = []
+        streak = 0
+        for turn in range(config.max_turns):
+            try:
+                reply = await chat_completion(self.endpoint, wire, session=self._session,
+                                              max_tokens=config.max_new_tokens,
+                                              temperature=config.sampling.temperature)
+            except ChatError as e:
+                traj.end_reason, traj.error = "error", f"policy endpoint failed: {e}"
+                break
+            seconds.append(reply.seconds)
+            record = TurnRecord(text=reply.raw, tokens_in=reply.input_tokens,
+                                tokens_out=reply.output_tokens)
+            traj.turns.append(record)
+            wire.append({"role": "assistant", "content": reply.raw})
+            traj.messages.append({"role": "assistant", "content": reply.raw})
+            parsed = parser.parse(reply.raw)
+            if not parsed.calls:
+                streak = 0
+                if user is None:
+                    traj.final_answer, traj.end_reason = parsed.answer, "answer"
+                    break
+                said = await user(traj.messages)
+                if said.stop:
+                    traj.final_answer, traj.end_reason = parsed.answer, "user_stop"
+                    break
+                wire.append({"role": "user", "content": said.text})
+                traj.messages.append({"role": "user", "content": said.text})
+                continue
+            valid = [c for c in parsed.calls if c.error is None]
+            done = iter(await self._executor.call_many(
+                [(by_name[c.name], c.arguments) for c in valid]) if valid else [])
+            record.tool_calls = [next(done) if c.error is None else ToolCallRecord(
+                name=c.name, arguments=c.arguments, observation=c.error, ok=False)
+                for c in parsed.calls]
+            record.format_error = parsed.format_error
+            streak = streak + 1 if record.format_error else 0
+            if streak >= config.max_format_errors:
+                traj.end_reason = "format_errors"
+                break
+            if turn == config.max_turns - 1:
+                break
+            observations = [c.observation for c in record.tool_calls]
+            wire.append({"role": "user", "content": _tool_responses(observations)})
+            traj.messages.extend({"role": "tool", "content": o} for o in observations)
+        traj.end_reason = traj.end_reason or "max_turns"
+        return PolicyEpisode(trajectory=traj, turn_seconds=seconds)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
+    from orchestrax.train.setup import load_tokenizer
+    if spec is None and fallback is None:
+        raise ValueError("--tokenizer is required for an sglang: policy ('tiny' or a HF "
+                         "tokenizer directory): token-in/token-out needs the server's tokenizer")
+    return load_tokenizer(spec or str(fallback))
+
+
+def _embedded(path: pathlib.Path, *, dtype: str, max_len: int, max_batch: int, seed: int):
+    """(sampler, default tokenizer dir) for an HF directory or a training run directory."""
+    from orchestrax import models
+    from orchestrax.rollout.embedded import EmbeddedSampler
+    if (path / "checkpoints").is_dir() and (path / "model" / "config.json").is_file():
+        import orbax.checkpoint as ocp
+        cfg = models.config_from_hf(json.loads((path / "model" / "config.json").read_text()),
+                                    dtype=dtype)
+        mngr = ocp.CheckpointManager(path.resolve() / "checkpoints")
+        step = mngr.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{path}/checkpoints holds no checkpoint")
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        mngr.close()
+        params, tok_dir, version = restored["state"]["params"], path / "model", str(step)
+    elif (path / "config.json").is_file():
+        cfg, params = models.load_hf(path, dtype=dtype)
+        tok_dir, version = path, "hf"
+    else:
+        raise FileNotFoundError(f"policy {str(path)!r}: neither an HF directory (config.json) nor "
+                                "a training run directory (model/config.json + checkpoints/)")
+    sampler = EmbeddedSampler(cfg, params, max_batch=max_batch, max_len=max_len,
+                              weight_version=version, seed=seed)
+    return sampler, tok_dir
+
+
+def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = None,
+                api_key_env: str | None = None, dtype: str = "float32", max_len: int = 32_768,
+                max_batch: int = 64, seed: int = 0) -> Policy:
+    """`spec`: `openai:URL` (needs `model`), `sglang:URL` (needs `tokenizer`), or a directory
+    (an HF checkpoint or a training run's out_dir) for the embedded sampler."""
+    kind, sep, rest = spec.partition(":")
+    if sep and kind == "openai":
+        if not model:
+            raise ValueError(f"--policy {spec}: an openai: policy needs --model NAME")
+        return ChatPolicy(ChatEndpoint(base_url=rest, model=model, api_key_env=api_key_env))
+    if sep and kind == "sglang":
+        from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
+        return TokenPolicy(SGLangClient(SGLangClientConfig(urls=(rest,))),
+                           _tokenizer(tokenizer, None), name=rest)
+    if spec.startswith(("http://", "https://")):
+        raise ValueError(f"--policy {spec}: say which API the server speaks: sglang:{spec} "
+                         f"(token ids, /generate) or openai:{spec} (chat completions)")
+    path = pathlib.Path(spec)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--policy {spec}: not a directory, and not sglang:URL or "
+                                "openai:URL")
+    sampler, tok_dir = _embedded(path, dtype=dtype, max_len=max_len, max_batch=max_batch,
+                                 seed=seed)
+    return TokenPolicy(sampler, _tokenizer(tokenizer, tok_dir), name=path.name)
+
+
+async def close_all(policies: Sequence[Policy]) -> None:
+    await asyncio.gather(*(p.aclose() for p in policies))

@@ -1,0 +1,66 @@
+"""Runners: how one task instance is played and measured. A runner is
+
+    async (task, env, policy, tools, cfg) -> EpisodeRecord
+
+and `RUNNERS` maps the `--agent` name to it. The direct runner lets the policy orchestrate the
+tools itself; other modes (e.g. an orchestrator with sub-agents) register their own runner here
+without touching the evaluation core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Awaitable, Callable, Sequence
+
+from orchestrax.agent.episode import EpisodeConfig
+from orchestrax.envs.base import Environment, Task
+from orchestrax.eval.policy import Policy
+from orchestrax.eval.records import EpisodeRecord, record_from_trajectory
+from orchestrax.tools.base import Pricing, Tool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    episode: EpisodeConfig = EpisodeConfig(max_turns=50)
+    # The orchestrator's own tokens: None is free (self-hosted); a hosted baseline is priced.
+    policy_pricing: Pricing | None = None
+    # Policy latency per turn: None measures generation wall time; a number charges this many
+    # seconds per generated token (deterministic, for comparisons across machines and tests).
+    seconds_per_token: float | None = None
+
+    def __post_init__(self):
+        if self.seconds_per_token is not None and not self.seconds_per_token >= 0:
+            raise ValueError(f"EvalConfig.seconds_per_token={self.seconds_per_token}; must be "
+                             ">= 0 or None (measure)")
+
+
+Runner = Callable[[Task, Environment, Policy, Sequence[Tool], EvalConfig],
+                  Awaitable[EpisodeRecord]]
+
+
+def turn_seconds(measured: Sequence[float], tokens_out: Sequence[int],
+                 cfg: EvalConfig) -> list[float]:
+    if cfg.seconds_per_token is None:
+        return list(measured)
+    return [cfg.seconds_per_token * n for n in tokens_out]
+
+
+async def run_direct(task: Task, env: Environment, policy: Policy, tools: Sequence[Tool],
+                     cfg: EvalConfig) -> EpisodeRecord:
+    """The policy is the orchestrator: it sees `tools` and calls them itself. Conversational
+    environments (tau2) get their simulated user, who opens the conversation."""
+    user = env.user_for(task) if hasattr(env, "user_for") else None
+    start = task
+    if user is not None and hasattr(env, "open"):
+        start = await env.open(task, user)
+    played = await policy.episode(start, tools, config=cfg.episode, user=user)
+    traj = played.trajectory
+    outcome = await env.verify(task, traj)
+    seconds = turn_seconds(played.turn_seconds, [t.tokens_out for t in traj.turns], cfg)
+    return record_from_trajectory(
+        traj, outcome, task_set="", tool_names=tuple(t.spec.name for t in tools),
+        preference=task.preference, turn_limit=cfg.episode.max_turns, turn_seconds=seconds,
+        policy_pricing=cfg.policy_pricing)
+
+
+RUNNERS: dict[str, Runner] = {"direct": run_direct}

@@ -1,0 +1,75 @@
+"""Task sets by name: `routing`, `tau2:<domain>`, `frames`, `musique`, `bamboogle`, `aime`, or a
+path to a JSONL file in one of the QA shapes (HLE, GPQA, GAIA supplied by the user).
+
+Default splits: the routing environment's eval split, tau2's test split, and every row of a QA
+file (the shipped QA files are evaluation sets; pass `split` to change it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Mapping
+
+from orchestrax.eval.core import TaskSet
+from orchestrax.tools.base import Tool
+from orchestrax.tools.chat_client import ChatEndpoint
+
+QA_FILES = {"frames": "frames_824.jsonl", "musique": "musique_500.jsonl",
+            "bamboogle": "bamboogle_125.jsonl", "aime": "aime_2024_2025.jsonl"}
+TAU2_DOMAINS = ("retail", "airline", "telecom")
+
+
+def data_dir() -> pathlib.Path:
+    """$ORCHESTRAX_DATA, else ../shared/data next to the repository."""
+    env = os.environ.get("ORCHESTRAX_DATA")
+    return pathlib.Path(env) if env else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSetOptions:
+    split: str | None = None                  # None: the task set's default (see module doc)
+    limit: int | None = None                  # first N tasks
+    judge: ChatEndpoint | None = None         # LLM-as-judge for QA sets graded by a judge
+    grader: str | None = None                 # QA: exact | math | judge (None: by file name)
+    tau2_user: ChatEndpoint | None = None     # the simulated tau2 user
+    tools: Mapping[str, Tool] | None = None   # the orchestrator's tool catalog (QA tasks)
+    routing: tuple[tuple[str, Any], ...] = () # RoutingConfig fields
+
+    def __post_init__(self):
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"TaskSetOptions.limit={self.limit}; must be >= 1 or None")
+
+
+def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet:
+    if name == "routing":
+        from orchestrax.envs.routing import RoutingConfig, RoutingEnv
+        env, split, label = RoutingEnv(RoutingConfig(**dict(opts.routing))), "eval", "routing"
+    elif name.startswith("tau2:"):
+        domain = name.split(":", 1)[1]
+        if domain not in TAU2_DOMAINS:
+            raise ValueError(f"task set {name!r}: tau2 domains are {list(TAU2_DOMAINS)}")
+        from orchestrax.envs import tau2
+        # benchmark scoring (completeness=False): the numbers tau2-bench reports
+        env = tau2.Tau2Env(data_dir() / "tau2" / domain, user_endpoint=opts.tau2_user,
+                           completeness=False)
+        split, label = "test", name
+    elif name in QA_FILES or name.endswith(".jsonl"):
+        from orchestrax.envs.qa import QAEnv
+        path = data_dir() / "qa" / QA_FILES[name] if name in QA_FILES else pathlib.Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"task set {name!r}: {path} not found (set $ORCHESTRAX_DATA "
+                                    "to the folder holding qa/ and tau2/)")
+        env = QAEnv(path=str(path), grader=opts.grader, judge=opts.judge, tools=opts.tools)
+        split, label = "all", name if name in QA_FILES else path.stem
+    else:
+        raise ValueError(f"unknown task set {name!r}; allowed: routing, "
+                         f"{', '.join('tau2:' + d for d in TAU2_DOMAINS)}, "
+                         f"{', '.join(QA_FILES)}, or a path to a .jsonl file")
+    tasks = env.tasks(opts.split or split)
+    if opts.limit is not None:
+        tasks = tasks[:opts.limit]
+    if not tasks:
+        raise ValueError(f"task set {name!r} split {opts.split or split!r} has no tasks")
+    return TaskSet(name=label, env=env, tasks=list(tasks))
