@@ -29,7 +29,7 @@ from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode, run_epis
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.pool import EpisodePool
 from orchestrax.agent.testing import scripted_logprob, tiny_qwen3_tokenizer
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 from orchestrax.tools.base import Pricing, ToolResult, ToolSpec
 

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.testing import SleepTool, tiny_qwen3_tokenizer
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplingParams
 
 from orchestrax import models

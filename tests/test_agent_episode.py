@@ -10,7 +10,7 @@ from orchestrax.agent.episode import (Codec, EpisodeConfig, UserReply, prompt_me
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.testing import (ScriptedSampler, SleepTool, qwen3_chat_template,
                                       scripted_logprob, tiny_qwen3_tokenizer)
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 
 TOK = tiny_qwen3_tokenizer()

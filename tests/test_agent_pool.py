@@ -14,7 +14,7 @@ import pytest
 from orchestrax.agent.episode import EpisodeConfig, run_episode, run_episodes
 from orchestrax.agent.pool import EpisodePool, WorkerError
 from orchestrax.agent.testing import ScriptedSampler, SleepTool, tiny_qwen3_tokenizer
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task
 
 TURNS = ('<tool_call>\n{"name": "fast", "arguments": {}}\n</tool_call>',
          '<tool_call>\n{"name": "slow", "arguments": {}}\n</tool_call>\n'

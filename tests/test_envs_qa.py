@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from orchestrax.agent.trajectory import Trajectory
+from orchestrax.data.records import Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.envs.qa import QAConfig, QAEnv, default_grader, load_jsonl
 from orchestrax.envs.qa_grading import exact_match, last_boxed, math_match, normalize_answer, parse_verdict

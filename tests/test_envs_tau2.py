@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from orchestrax.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
+from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.envs import tau2
 from orchestrax.envs.tau2.env import Tau2Env
 from orchestrax.envs.tau2.verify import GoldCache, check, gold_actions, missing_info

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrax import rl
-from orchestrax.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
+from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 
 
 def np_reward(counts, outcome, cost, latency, pref, scope="group", valid=None):

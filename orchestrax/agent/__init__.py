@@ -1,7 +1,9 @@
 """Chat rendering, tool-call parsing, tool execution and token-in/token-out episodes.
 
-Modules: `chat` (Qwen3 format), `parser` (tool calls outside <think>), `schema` (argument
-validation), `executor` (asyncio limits/retries), `episode` (`run_episode`, `run_episodes`),
-`trajectory` (what an episode leaves behind), `testing` (tiny tokenizer, scripted sampler, tools).
-Nothing is imported here: `orchestrax.envs.base` imports `trajectory`, and `episode` imports it back.
+Modules: `chat` (Qwen3 format), `codec` (token ids), `parser` (tool calls outside <think>),
+`executor` (asyncio limits/retries), `episode` (`run_episode`, `run_episodes`), `pool` (episodes
+in worker processes), `testing` (tiny tokenizer, scripted sampler, tools), `subagent` (the
+orchestrator and its sub-agents). What an episode leaves behind (`Trajectory`) and what it is
+asked (`Task`) live in `orchestrax.data.records`, below this package and `orchestrax.envs`.
+Nothing is imported here, so importing one module does not pull in the others.
 """

@@ -21,8 +21,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser
-from orchestrax.agent.trajectory import EndReason, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.envs.base import Task
+from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
 from orchestrax.tools.base import Tool
 

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Any, Mapping, Sequence
 
-from orchestrax.agent.trajectory import ToolCallRecord
+from orchestrax.data.records import ToolCallRecord
 from orchestrax.tools.base import Tool, ToolError, ToolResult
 
 

@@ -1,33 +1,55 @@
-"""A task environment: tasks, the tools an episode may call, and a verifier.
+"""The base of every task environment: its tasks, the tools an episode may call, a verifier, and
+the optional hooks the trainer and `orchestrax eval` call on every environment.
 
 `tools(task)` is called once per episode and returns fresh tool instances, so stateful domains
-(a tau2 database) start every rollout from the same state.
+(a tau2 database) start every rollout from the same state. The optional hooks have defaults that
+mean "not used here": no simulated user, the task's own opening, no demonstrations, no extra
+metrics; an environment overrides the ones it has.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Protocol, Sequence
+import abc
+from typing import TYPE_CHECKING, Sequence
 
-from orchestrax.agent.trajectory import Trajectory
+import numpy as np
+
+from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.base import Tool
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Task:
-    task_id: str
-    messages: tuple[dict[str, Any], ...]       # system (without the tools block) and user turns
-    preference: tuple[float, ...] | None = None  # P = (tools..., outcome, compute, latency)
-    preference_instruction: str | None = None
-    answer: Any = None
-    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+if TYPE_CHECKING:  # only a type: environments sit above the agent layer, never the reverse
+    from orchestrax.agent.episode import UserResponder
 
 
-class Environment(Protocol):
-    def tasks(self, split: str = "train") -> Sequence[Task]: ...
+class Environment(abc.ABC):
+    @abc.abstractmethod
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        """The tasks of `split` ("train" or "eval"), in a fixed order."""
 
-    def tools(self, task: Task) -> list[Tool]: ...
+    @abc.abstractmethod
+    def tools(self, task: Task) -> list[Tool]:
+        """Fresh tool instances for one episode of `task`."""
 
+    @abc.abstractmethod
     async def verify(self, task: Task, trajectory: Trajectory) -> float:
         """Outcome in {0.0, 1.0}."""
-        ...
+
+    def user_for(self, task: Task) -> UserResponder | None:
+        """The simulated user of a conversational task, or None when the episode ends at the
+        policy's first answer."""
+        return None
+
+    async def open(self, task: Task, user: UserResponder) -> Task:
+        """The task as the episode starts it, once `user_for` gave a user: conversational
+        domains let the user speak first and return the task with that message appended."""
+        return task
+
+    def demonstration(self, task: Task, rng: np.random.Generator) -> list[str] | None:
+        """Scripted assistant turns that solve `task`, for the SFT warm start (played through the
+        real episode loop); None: this environment has no demonstrations."""
+        return None
+
+    def stats(self, tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]]
+              ) -> dict[str, float]:
+        """Extra metrics for a step's groups (one group of trajectories per task)."""
+        return {}

@@ -15,9 +15,9 @@ import logging
 import pathlib
 from typing import Any, Literal, Mapping
 
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
+from orchestrax.envs.base import Environment
 from orchestrax.envs.qa_grading import exact_match, judge_match, math_match
 from orchestrax.tools.base import Tool
 from orchestrax.tools.randomize import instance_tools
@@ -102,7 +102,7 @@ def _in_test(task_id: str, fraction: float) -> bool:
     return bucket < fraction
 
 
-class QAEnv:
+class QAEnv(Environment):
     """QA tasks have no domain tools: the orchestrator's tools are the catalog passed as `tools`
     (`tools.catalog.build_catalog`: code, search, LLMs). A task whose metadata carries a
     `tool_config` (a per-instance subset and pricing sheet, `tools.randomize`) gets that subset,

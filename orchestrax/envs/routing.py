@@ -29,8 +29,8 @@ import dataclasses
 import random
 from typing import Any, Sequence
 
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.base import Environment
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 
 SYSTEM_PROMPT = "Run the job with one tool call, then reply <answer>done</answer>."
@@ -122,7 +122,7 @@ class _Lookup:
                           latency=self.spec.latency_s)
 
 
-class RoutingEnv:
+class RoutingEnv(Environment):
     def __init__(self, config: RoutingConfig = RoutingConfig()):
         self.config = config
         self._splits = {"train": self._make("train", config.num_train, config.preferences),

@@ -12,7 +12,8 @@ from typing import Sequence
 from tqdm import tqdm
 
 from orchestrax.agent.episode import young_gc_threshold
-from orchestrax.envs.base import Environment, Task
+from orchestrax.data.records import Task
+from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.records import EpisodeRecord, record_from_trajectory, truncate
 from orchestrax.eval.runners import RUNNERS, EvalConfig

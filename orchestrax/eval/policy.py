@@ -27,8 +27,7 @@ from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, UserResponder, prompt_messages, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser
-from orchestrax.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
 from orchestrax.tools.base import Tool
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError

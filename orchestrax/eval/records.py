@@ -9,7 +9,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Sequence
 
-from orchestrax.agent.trajectory import Trajectory
+from orchestrax.data.records import Trajectory
 from orchestrax.tools.base import Pricing
 
 

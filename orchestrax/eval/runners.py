@@ -13,7 +13,8 @@ import dataclasses
 from typing import Awaitable, Callable, Sequence
 
 from orchestrax.agent.episode import EpisodeConfig
-from orchestrax.envs.base import Environment, Task
+from orchestrax.data.records import Task
+from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.records import EpisodeRecord, record_from_trajectory
 from orchestrax.tools.base import Pricing, Tool

@@ -104,6 +104,9 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0       # None disables clipping
+    mu_dtype: str | None = None             # Adam's first moment: "bfloat16" halves its memory;
+                                            # None keeps the params' dtype. The second moment
+                                            # always keeps the params' dtype.
 
     def __post_init__(self):
         n = "OptimizerConfig"
@@ -119,3 +122,5 @@ class OptimizerConfig:
         _check(self.weight_decay >= 0, n, "weight_decay", self.weight_decay, ">= 0")
         _check(self.max_grad_norm is None or self.max_grad_norm > 0, n, "max_grad_norm",
                self.max_grad_norm, "None or > 0")
+        _check(self.mu_dtype in (None, "float32", "bfloat16"), n, "mu_dtype", self.mu_dtype,
+               "None, 'float32' or 'bfloat16'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import optax
 
 from orchestrax.rl.config import OptimizerConfig
@@ -22,9 +23,12 @@ def lr_schedule(cfg: OptimizerConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """Clip by global norm (if set), then AdamW with the schedule; decay applies to every leaf."""
+    """Clip by global norm (if set), then AdamW with the schedule; decay applies to every leaf.
+    Train fp32 params: an lr-1e-6 step is below half a bf16 ulp of a ~0.02 weight, so bf16
+    params round it away (tests/test_rl_precision.py)."""
     adamw = optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay)
+                        weight_decay=cfg.weight_decay,
+                        mu_dtype=None if cfg.mu_dtype is None else jnp.dtype(cfg.mu_dtype))
     if cfg.max_grad_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from orchestrax.agent.trajectory import Trajectory
+from orchestrax.data.records import Trajectory
 
 
 def bucket_len(n: int, multiple: int = 64) -> int:

@@ -10,15 +10,19 @@ sampler served on a loopback port (`orchestrax.rollout.server`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from typing import Any
 
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Environment, Task
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import Sampler
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,15 +35,25 @@ class EpisodeJob:
 
 async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolExecutor,
                job: EpisodeJob) -> tuple[Trajectory, float]:
-    """(trajectory, outcome) of one episode of `job.task`."""
-    task = job.task
-    user = env.user_for(task) if hasattr(env, "user_for") else None
-    start = task
-    if user is not None and hasattr(env, "open"):  # conversational domains: the user speaks first
-        start = await env.open(task, user)
-    trajectory = await run_episode(sampler, codec, start, env.tools(start), config=job.episode,
-                                   executor=executor, user=user)
-    return trajectory, await env.verify(task, trajectory)
+    """(trajectory, outcome) of one episode of `job.task`. Never raises except on cancellation:
+    an environment hook, the episode or the verifier failing makes a failed trajectory
+    (`end_reason="error"`, no answer, outcome 0.0) that the step's filters drop, so one bad
+    episode never aborts a training step."""
+    task, trajectory = job.task, None
+    try:
+        user = env.user_for(task)
+        start = task if user is None else await env.open(task, user)  # the user speaks first
+        trajectory = await run_episode(sampler, codec, start, env.tools(start),
+                                       config=job.episode, executor=executor, user=user)
+        return trajectory, float(await env.verify(task, trajectory))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        log.warning("episode of task %s failed", task.task_id, exc_info=True)
+        failed = trajectory if trajectory is not None else Trajectory(task_id=task.task_id)
+        failed.final_answer, failed.end_reason = None, "error"
+        failed.error = f"{type(e).__name__}: {e}"
+        return failed, 0.0
 
 
 class EpisodePlayer:

@@ -26,8 +26,8 @@ from orchestrax import models, parallel, rl
 from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Environment, Task
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.train import batching, config, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
@@ -283,7 +283,7 @@ class Trainer:
                  "format_error_rate": float((fmt > 0).mean()),
                  "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
                  "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat]))}
-        stats |= _floats(counters) | setup.env_stats(self.env, tasks, groups)
+        stats |= _floats(counters) | self.env.stats(tasks, groups)
         return batch, stats
 
     async def _publish_weights(self) -> None:
@@ -301,7 +301,7 @@ class Trainer:
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
                "latency_mean": float(np.mean([tr.latency for tr in flat]))}
-        return row | setup.env_stats(self.env, tasks, groups)
+        return row | self.env.stats(tasks, groups)
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
         with (self.out / "metrics.jsonl").open("a") as f:

@@ -14,8 +14,8 @@ import numpy as np
 from orchestrax import models
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
 from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Environment, Task
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.base import Environment
 from orchestrax.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -99,22 +99,22 @@ def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer,
                    cfg: TrainConfig) -> list[Trajectory]:
     """Warm-start data made the way rollouts are: each demo episode is played by a scripted
     sampler through the real episode loop, so its ids and masks are exactly rollout-shaped."""
-    if not hasattr(env, "demonstration"):
+    rng = np.random.default_rng([cfg.seed, 3])
+    scripts = [env.demonstration(task, rng) for task in tasks]
+    if any(turns is None for turns in scripts):
         raise ValueError(f"TrainConfig.sft_steps={cfg.sft_steps} but env {cfg.env!r} has no "
                          "demonstrations; set sft_steps=0")
-    rng = np.random.default_rng([cfg.seed, 3])
     episode_cfg = EpisodeConfig(max_turns=cfg.rollout.max_turns,
                                 context_tokens=cfg.rollout.context_tokens,
                                 max_new_tokens=cfg.rollout.max_new_tokens,
                                 enable_thinking=cfg.rollout.enable_thinking)
 
-    async def play(task: Task) -> Trajectory:
-        turns = env.demonstration(task, rng)
+    async def play(task: Task, turns: list[str]) -> Trajectory:
         sampler = ScriptedSampler(tokenizer, turns=turns)
         return await run_episode(sampler, tokenizer, task, env.tools(task), config=episode_cfg)
 
     async def play_all():
-        return await asyncio.gather(*(play(t) for t in tasks))
+        return await asyncio.gather(*(play(t, s) for t, s in zip(tasks, scripts)))
 
     demos = asyncio.run(play_all())
     bad = [d for d in demos if d.end_reason != "answer"]
@@ -122,8 +122,4 @@ def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer,
         raise RuntimeError(f"{len(bad)} demonstration episodes did not end with an answer "
                            f"(first: {bad[0].end_reason}); check the env's demonstration()")
     return demos
-
-
-def env_stats(env: Environment, tasks, groups) -> dict[str, float]:
-    return env.stats(tasks, groups) if hasattr(env, "stats") else {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from orchestrax.agent.trajectory import ToolCallRecord
+from orchestrax.data.records import ToolCallRecord
 from orchestrax.tools.base import Pricing
 
 

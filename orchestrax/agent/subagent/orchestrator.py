@@ -24,8 +24,7 @@ from orchestrax.agent.parser import ToolCallParser
 from orchestrax.agent.subagent.accounting import QueryAccount, priced_call
 from orchestrax.agent.subagent.memory import Memory, MemoryLimits, clip, orchestrator_messages
 from orchestrax.agent.subagent.roles import SubAgent, SubAgentReport, role_order
-from orchestrax.agent.trajectory import EndReason, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.envs.base import Task
+from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
 from orchestrax.tools.base import Pricing
 

@@ -17,8 +17,7 @@ from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.subagent.accounting import ModelCall, priced_call
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task, Trajectory
 from orchestrax.rollout.base import Sampler, SamplingParams
 from orchestrax.tools.base import Pricing, Tool, ToolSpec
 

@@ -12,9 +12,9 @@ import dataclasses
 import pathlib
 
 from orchestrax.agent.episode import UserResponder
-from orchestrax.agent.trajectory import Trajectory
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.envs.base import Environment
 from orchestrax.envs.tau2.domain import DomainTool, Tau2Domain, load_domain
 from orchestrax.envs.tau2.user import GREETING, LLMUser
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
@@ -28,7 +28,7 @@ Act only on what the policy allows; ask for explicit confirmation before any cha
 </policy>"""
 
 
-class Tau2Env:
+class Tau2Env(Environment):
     """`domain`: a loaded Tau2Domain or its folder. Without `user_endpoint` there is no
     simulated user (`user_for` returns None; tests use ScriptedUser). `completeness=False`
     scores exactly as tau2-bench does (for reporting benchmark numbers); True adds the

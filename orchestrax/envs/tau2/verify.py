@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any, Iterable, Sequence
 
-from orchestrax.agent.trajectory import Trajectory
+from orchestrax.data.records import Trajectory
 from orchestrax.envs.tau2.db import DomainDB
 from orchestrax.envs.tau2.domain import Tau2Domain
 

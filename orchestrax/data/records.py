@@ -1,15 +1,30 @@
-"""What one episode leaves behind: exact token ids, masks, logprobs and per-turn records.
+"""The records that cross layers: a `Task` (what an episode is asked) and the `Trajectory` it
+leaves behind, with its per-turn and per-call records.
 
-Token-in/token-out: `token_ids` is the prompt followed by every id the sampler produced and every
-id of every tool-response block, in order, exactly as the model saw them. `loss_mask[i] == 1`
-only where the policy generated `token_ids[i]`; `logprobs[i]` is the sampler's logprob there
-(0.0 elsewhere).
+They sit below both `orchestrax.agent` (which fills trajectories) and `orchestrax.envs` (which
+makes tasks and verifies trajectories), and import nothing from the package.
+
+Token-in/token-out: `Trajectory.token_ids` is the prompt followed by every id the sampler produced
+and every id of every tool-response block, in order, exactly as the model saw them.
+`loss_mask[i] == 1` only where the policy generated `token_ids[i]`; `logprobs[i]` is the
+sampler's logprob there (0.0 elsewhere).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Literal
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Task:
+    task_id: str
+    messages: tuple[dict[str, Any], ...]       # system (without the tools block) and user turns
+    preference: tuple[float, ...] | None = None  # P = (tools..., outcome, compute, latency)
+    preference_instruction: str | None = None
+    answer: Any = None
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
 
 EndReason = Literal["answer", "max_turns", "context", "format_errors", "user_stop", "error"]
 
