@@ -1,0 +1,237 @@
+"""Flow-GRPO: training the orchestrator of sub-agent mode one turn at a time.
+
+A sub-agent-mode rollout is a sequence of orchestrator turns, each with its own prompt rebuilt
+from memory, so there is no single token stream to train on. Each turn becomes its own sample
+(its exact prompt ids, loss on the ids it sampled). The rollout's final ToolOrchestra reward (the
+same reward as in Direct mode; the orchestrator's "tools" are its sub-agents, so P weighs
+dispatches per sub-agent) is turned into a GRPO advantage within the task's group of G rollouts,
+and every turn of the rollout carries that advantage. Turns longer than the training budget are
+dropped only after advantages are computed, so dropping one never moves another's advantage.
+Sub-agents are frozen: their tokens never enter the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from orchestrax import rl
+from orchestrax.agent.subagent import (ROLES, THINKING, OrchestratorConfig, SubAgentConfig,
+                                       SubagentRollout, build_subagents, run_query, thinking_flags)
+from orchestrax.data.records import Task
+from orchestrax.train import batching
+
+if TYPE_CHECKING:
+    from orchestrax.train.config import TrainConfig
+
+MODES = ("direct", "subagent")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """How episodes are played. "direct": one agent holds every tool (agent/episode.py);
+    "subagent": the orchestrator + sub-agents system, trained with Flow-GRPO."""
+
+    mode: str = "direct"
+    thinking: str = "orchestrator"          # none | subagents | orchestrator | all
+    memory: bool = True                     # False: the memory ablation (history replay)
+    exclude: tuple[str, ...] = ()           # sub-agents left out (the component ablation)
+    orchestrator_turns: int = 8
+    orchestrator_new_tokens: int = 512
+    subagent_steps: int = 3
+    subagent_new_tokens: int = 256
+    subagent_urls: tuple[str, ...] = ()     # SGLang servers of the (frozen) sub-agent model;
+                                            # () = a frozen embedded copy of the starting weights
+    sandbox: str | None = "bwrap"           # the Coder's python tool; None: no Coder
+    search_corpus: str | None = None        # BM25 corpus of the Web Searcher; None: no searcher
+    train_turn_tokens: int | None = None    # longer turns are dropped (None: context_tokens)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"AgentConfig.mode={self.mode!r}; allowed: {MODES}")
+        if self.thinking not in THINKING:
+            raise ValueError(f"AgentConfig.thinking={self.thinking!r}; allowed: {THINKING}")
+        bad = sorted(set(self.exclude) - set(ROLES))
+        if bad:
+            raise ValueError(f"AgentConfig.exclude={bad}; allowed: {sorted(ROLES)}")
+        for name in ("orchestrator_turns", "orchestrator_new_tokens", "subagent_steps",
+                     "subagent_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AgentConfig.{name}={getattr(self, name)}; must be >= 1")
+        if self.train_turn_tokens is not None and self.train_turn_tokens < 2:
+            raise ValueError(f"AgentConfig.train_turn_tokens={self.train_turn_tokens}; must be "
+                             ">= 2 or None")
+
+
+# --- reward and batch (pure, numpy) ----------------------------------------------------------------
+def dispatch_features(groups: Sequence[Sequence[SubagentRollout]], agent_names: Sequence[str]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dispatch counts [Q,G,N], cost [Q,G] dollars, latency [Q,G] seconds)."""
+    counts = np.array([[[r.account.dispatches.get(n, 0) for n in agent_names] for r in group]
+                       for group in groups], np.float32).reshape(len(groups), -1, len(agent_names))
+    cost = np.array([[r.cost for r in group] for group in groups], np.float32)
+    latency = np.array([[r.latency for r in group] for group in groups], np.float32)
+    return counts, cost, latency
+
+
+def preferences(tasks: Sequence[Task], n_agents: int) -> np.ndarray:
+    """[Q, N+3]: a task's P when it is ordered (sub-agents…, outcome, compute, latency); a P over
+    other tools keeps its last three weights; no P scores the outcome alone."""
+    out = np.zeros((len(tasks), n_agents + 3), np.float32)
+    for i, task in enumerate(tasks):
+        p = task.preference
+        if p is None:
+            out[i, -3] = 1.0
+        elif len(p) == n_agents + 3:
+            out[i] = p
+        else:
+            out[i, -3:] = p[-3:]
+    return out
+
+
+def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.ndarray,
+               keep_QG: np.ndarray, *, pad_id: int, max_turn_tokens: int, row_multiple: int
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One row per orchestrator turn, carrying its rollout's advantage and sample mask; turns
+    longer than `max_turn_tokens` are left out. Rows are padded (sample_mask 0) to a multiple of
+    `row_multiple` so the jitted step sees few distinct shapes.
+
+    Returns (batch for `train_step`, info): info["rollout"] [B] is q·G + g of each row's rollout
+    (-1 on padding rows), info["turn"] [B] its turn number, info["dropped"] [Q,G] the number of
+    over-budget turns per rollout."""
+    q, g = advantages_QG.shape
+    rows, rollout_of, turn_of = [], [], []
+    dropped = np.zeros((q, g), np.int32)
+    for i, group in enumerate(groups):
+        for j, r in enumerate(group):
+            for s in r.samples:
+                if len(s.prompt_ids) + len(s.output_ids) > max_turn_tokens:
+                    dropped[i, j] += 1
+                    continue
+                rows.append(s.as_trajectory(r.task_id))
+                rollout_of.append(i * g + j)
+                turn_of.append(s.turn)
+    n = len(rows)
+    b = max(row_multiple, -(-n // row_multiple) * row_multiple)
+    packed = batching.pack(rows, pad_id=pad_id, max_len=max_turn_tokens) if rows else {}
+    t = packed["tokens"].shape[1] if rows else batching.bucket_len(1)
+    out = {"tokens": np.full((b, t), pad_id, np.int32),
+           "attention_mask": np.zeros((b, t), np.int32),
+           "loss_mask": np.zeros((b, t), np.float32),
+           "sampler_logprobs": np.zeros((b, t), np.float32)}
+    for key, value in packed.items():
+        out[key][:n] = value
+    index = np.full((b,), -1, np.int64)
+    index[:n] = rollout_of
+    flat_A, flat_keep = advantages_QG.reshape(-1), keep_QG.reshape(-1)
+    out["advantages"] = np.where(index >= 0, flat_A[index], 0.0).astype(np.float32)
+    out["sample_mask"] = np.where(index >= 0, flat_keep[index], 0.0).astype(np.float32)
+    turns = np.full((b,), -1, np.int64)
+    turns[:n] = turn_of
+    return out, {"rollout": index, "turn": turns, "dropped": dropped}
+
+
+def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]],
+               outcome_QG: np.ndarray, agent_names: Sequence[str], grpo: rl.GRPOConfig, *,
+               pad_id: int, max_turn_tokens: int, row_multiple: int
+               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The ToolOrchestra reward, filters and group advantages over [Q,G] rollouts, then the
+    per-turn batch. Returns (batch, stats)."""
+    counts, cost, latency = dispatch_features(groups, agent_names)
+    fmt = np.array([[r.format_errors for r in gr] for gr in groups], np.int32)
+    answered = np.array([[r.final_answer is not None for r in gr] for gr in groups])
+    valid = (fmt == 0) & answered
+    R = rl.toolorchestra_reward(counts, outcome_QG, cost, latency,
+                                preferences(tasks, len(agent_names)),
+                                scope=grpo.reward_scope, valid=valid)
+    keep, counters = rl.sample_mask(R, format_errors=fmt, has_answer=answered,
+                                    min_std=grpo.min_group_std)
+    A = rl.compute_advantages(R, grpo.adv_estimator, eps=grpo.adv_eps, ddof=grpo.adv_ddof,
+                              clip=grpo.adv_clip, mask=valid)
+    batch, info = turn_batch(groups, np.asarray(A), np.asarray(keep), pad_id=pad_id,
+                             max_turn_tokens=max_turn_tokens, row_multiple=row_multiple)
+    flat = [r for gr in groups for r in gr]
+    acc = [r.account for r in flat]
+    stats = {"reward_mean": float(np.mean(R)), "accuracy": float(np.mean(outcome_QG)),
+             "cost_mean": float(cost.mean()), "latency_mean": float(latency.mean()),
+             "format_error_rate": float((fmt > 0).mean()),
+             "turns_mean": float(np.mean([a.turns for a in acc])),
+             "flow/turn_samples": float((info["rollout"] >= 0).sum()),
+             "flow/dropped_over_budget": float(info["dropped"].sum()),
+             "tokens/prompt_mean": float(np.mean([a.prompt_tokens for a in acc])),
+             "tokens/completion_mean": float(np.mean([a.completion_tokens for a in acc])),
+             "tool_calls_mean": float(np.mean([len(a.tool_calls) for a in acc]))}
+    stats |= {f"dispatches/{n}": float(counts[..., k].mean()) for k, n in enumerate(agent_names)}
+    stats |= {k: float(np.asarray(v)) for k, v in counters.items()}
+    return batch, stats
+
+
+# --- rollouts in the trainer -------------------------------------------------------------------
+class FlowRunner:
+    """Sub-agent-mode rollouts and Flow-GRPO batches for `train.loop.Trainer`."""
+
+    def __init__(self, cfg: "TrainConfig", env, codec, sampler, subagent_sampler, executor):
+        a, r = cfg.agent, cfg.rollout
+        self.cfg, self.env, self.codec, self.sampler = cfg, env, codec, sampler
+        self.subagent_sampler, self.executor = subagent_sampler, executor
+        orch_think, sub_think = thinking_flags(a.thinking)
+        self.orchestrator = OrchestratorConfig(
+            max_turns=a.orchestrator_turns, max_new_tokens=a.orchestrator_new_tokens,
+            turn_tokens=r.context_tokens, enable_thinking=orch_think, memory=a.memory)
+        self.subagent = SubAgentConfig(max_steps=a.subagent_steps,
+                                       max_new_tokens=a.subagent_new_tokens,
+                                       context_tokens=r.context_tokens, enable_thinking=sub_think)
+        self.tools = shared_tools(a)
+        self.agent_names = [n for n in ROLES if n not in a.exclude]
+        self.max_turn_tokens = a.train_turn_tokens or r.context_tokens
+
+    def tools_for(self, task: Task) -> list:
+        from orchestrax.agent.subagent import FileReadTool
+        files = task.metadata.get("attachments") or ()
+        return [*self.env.tools(task), *self.tools, *([FileReadTool(files)] if files else [])]
+
+    async def play(self, task: Task, sampling) -> tuple[SubagentRollout, float]:
+        agents = build_subagents(self.tools_for(task), self.subagent_sampler, self.codec,
+                                 self.subagent, executor=self.executor,
+                                 exclude=self.cfg.agent.exclude)
+        config = dataclasses.replace(self.orchestrator, sampling=sampling)
+        rollout = await run_query(task, agents, self.sampler, self.codec, config)
+        return rollout, await self.env.verify(task, rollout.trajectory)
+
+    async def rollout(self, tasks: Sequence[Task], group: int, sampling
+                      ) -> tuple[list[list[SubagentRollout]], np.ndarray]:
+        gate = asyncio.Semaphore(self.cfg.rollout.max_in_flight)
+
+        async def one(task):
+            async with gate:
+                return await self.play(task, sampling)
+
+        played = await asyncio.gather(*(one(t) for t in tasks for _ in range(group)))
+        rollouts = [p[0] for p in played]
+        outcome = np.asarray([p[1] for p in played], np.float32).reshape(len(tasks), group)
+        return [rollouts[i * group:(i + 1) * group] for i in range(len(tasks))], outcome
+
+    def make_batch(self, tasks, groups, outcome, pad_id: int
+                   ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        q, g = outcome.shape
+        return flow_batch(tasks, groups, outcome, self.agent_names, self.cfg.grpo, pad_id=pad_id,
+                          max_turn_tokens=self.max_turn_tokens, row_multiple=q * g)
+
+
+def shared_tools(agent: AgentConfig) -> list:
+    """The sub-agents' tools every task shares: the Coder's sandboxed Python and the Web
+    Searcher's BM25 search over `search_corpus` (built here, outside any event loop)."""
+    tools = []
+    if agent.sandbox is not None:
+        from orchestrax.tools.python_tool import PythonTool
+        from orchestrax.tools.sandbox import SandboxConfig
+        tools.append(PythonTool(SandboxConfig(mode=agent.sandbox)))
+    if agent.search_corpus is not None:
+        from orchestrax.tools.local_search import LocalSearchTool
+        from orchestrax.tools.search_index import SearchIndexConfig, build_index
+        tools.append(LocalSearchTool(build_index(SearchIndexConfig(
+            corpus_path=agent.search_corpus, backend="bm25"), progress=False)))
+    return tools

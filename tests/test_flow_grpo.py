@@ -1,0 +1,155 @@
+"""Flow-GRPO batches: one row per orchestrator turn, the rollout's advantage on every turn,
+groups per task, loss only on the turn's sampled tokens, over-budget turns dropped after the
+advantages. Rewards and advantages are checked against numbers worked by hand."""
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from orchestrax.agent.codec import Codec
+from orchestrax.agent.subagent import FileReadTool, OrchestratorConfig, build_subagents, run_query
+from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.envs.base import Task
+from orchestrax.rl import GRPOConfig
+from orchestrax.train.flow import AgentConfig, flow_batch, preferences
+
+NAMES = ["web_searcher", "coder", "file_inspector"]
+DISPATCH = ('<tool_call>\n{"name": "file_inspector", "arguments": {"task": "Read a.txt"}}\n'
+            '</tool_call>')
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_qwen3_tokenizer(512)
+
+
+def rollout(tok, tmp_path, task, dispatches, malformed=False):
+    """A real sub-agent-mode rollout whose orchestrator dispatches the File Inspector
+    `dispatches` times, then answers (or writes a malformed call first)."""
+    (tmp_path / "a.txt").write_text("alpha")
+    turns = (['<tool_call>{"name": </tool_call>'] if malformed else []) + [DISPATCH] * dispatches
+    turns.append("<answer>done</answer>")
+    sub = ScriptedSampler(tok, script=lambda n, ids: (
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>'
+        if n % 2 == 0 else "<answer>alpha</answer>"))
+    codec = Codec(tok)
+    agents = build_subagents([FileReadTool([tmp_path / "a.txt"])], sub, codec)
+    return asyncio.run(run_query(task, agents, ScriptedSampler(tok, turns), codec,
+                                 OrchestratorConfig(enable_thinking=False)))
+
+
+def task(name, preference=None):
+    return Task(task_id=name, preference=preference,
+                messages=({"role": "user", "content": f"question {name}"},))
+
+
+@pytest.fixture(scope="module")
+def setup(tok, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("flow")
+    tasks = [task("A"), task("B", preference=(0, 0, 1, 1, 0, 0))]
+    counts = [[2, 0, 1, 1], [1, 2, 3, 0]]
+    groups = [[rollout(tok, tmp, t, k) for k in ks] for t, ks in zip(tasks, counts)]
+    outcome = np.array([[1, 0, 0, 0], [1, 1, 0, 1]], np.float32)
+    return tasks, groups, outcome
+
+
+def build(setup, max_turn_tokens=4096, outcome=None, grpo=GRPOConfig()):
+    tasks, groups, default = setup
+    return flow_batch(tasks, groups, default if outcome is None else outcome, NAMES, grpo,
+                      pad_id=PAD, max_turn_tokens=max_turn_tokens, row_multiple=8)
+
+
+def expected_advantages():
+    """By hand. Task A: P scores the outcome only, R = [1, 0, 0, 0], mean 1/4, std √3/4.
+    Task B: P = file_inspector dispatches + outcome; dispatches [1, 2, 3, 0] min–max to
+    [1/3, 2/3, 1, 0], outcome [1, 1, 0, 1], R = [4/3, 5/3, 0, 1] (0 where wrong): mean 1,
+    population std √14/6."""
+    a = [(r - 0.25) / (math.sqrt(3) / 4 + 1e-6) for r in (1, 0, 0, 0)]
+    b = [(r - 1.0) / (math.sqrt(14) / 6 + 1e-6) for r in (4 / 3, 5 / 3, 0, 1)]
+    return np.array([a, b])
+
+
+def test_every_turn_carries_its_rollouts_advantage(setup):
+    tasks, groups, _ = setup
+    batch, stats = build(setup)
+    want = expected_advantages()
+    n = sum(len(r.samples) for gr in groups for r in gr)   # (3+1+2+2) + (2+3+4+1) = 18 turns
+    assert n == 18 and stats["flow/turn_samples"] == 18
+    assert batch["tokens"].shape[0] == 24   # padded to a multiple of row_multiple=8
+    assert (batch["sample_mask"][18:] == 0).all() and (batch["attention_mask"][18:] == 0).all()
+    row = 0
+    for q, group in enumerate(groups):
+        for g, r in enumerate(group):
+            for _ in r.samples:
+                assert batch["advantages"][row] == pytest.approx(want[q, g], abs=1e-5)
+                assert batch["sample_mask"][row] == 1.0
+                row += 1
+    assert stats["reward_mean"] == pytest.approx(np.mean([1, 0, 0, 0, 4 / 3, 5 / 3, 0, 1]),
+                                                 abs=1e-6)
+    assert stats["dispatches/file_inspector"] == pytest.approx(np.mean([2, 0, 1, 1, 1, 2, 3, 0]))
+
+
+def test_groups_are_per_task(setup):
+    """Changing task A's outcomes moves only task A's rows."""
+    base, _ = build(setup)
+    other, _ = build(setup, outcome=np.array([[0, 1, 1, 0], [1, 1, 0, 1]], np.float32))
+    tasks, groups, _ = setup
+    n_a = sum(len(r.samples) for r in groups[0])
+    assert np.array_equal(base["advantages"][n_a:], other["advantages"][n_a:])
+    assert not np.array_equal(base["advantages"][:n_a], other["advantages"][:n_a])
+
+
+def test_loss_mask_covers_only_the_turns_sampled_tokens(setup):
+    tasks, groups, _ = setup
+    batch, _ = build(setup)
+    samples = [s for gr in groups for r in gr for s in r.samples]
+    for row, s in enumerate(samples):
+        p, o = len(s.prompt_ids), len(s.output_ids)
+        mask = batch["loss_mask"][row]
+        assert mask[:p].sum() == 0 and mask[p:p + o].all() and mask[p + o:].sum() == 0
+        assert list(batch["tokens"][row, :p + o]) == s.prompt_ids + s.output_ids
+        assert np.allclose(batch["sampler_logprobs"][row, p:p + o], s.logprobs)
+        assert batch["attention_mask"][row].sum() == p + o
+    # each turn's prompt is the memory-rebuilt one: two messages, not the history
+    assert all(s.prompt_text.count("<|im_start|>") == 3 for s in samples)
+
+
+def test_dropping_over_budget_turns_keeps_the_others_advantages(setup):
+    tasks, groups, _ = setup
+    lengths = [len(s.prompt_ids) + len(s.output_ids) for gr in groups for r in gr
+               for s in r.samples]
+    budget = sorted(lengths)[len(lengths) // 2]   # about half the turns are over it
+    full, _ = build(setup)
+    cut, stats = build(setup, max_turn_tokens=budget)
+    kept = [i for i, n in enumerate(lengths) if n <= budget]
+    assert 0 < len(kept) < len(lengths)
+    assert stats["flow/dropped_over_budget"] == len(lengths) - len(kept)
+    assert np.array_equal(cut["advantages"][:len(kept)], full["advantages"][kept])
+    assert cut["sample_mask"][len(kept):].sum() == 0   # padding rows
+    assert cut["tokens"].shape[1] <= max(64, budget)
+
+
+def test_malformed_rollouts_are_filtered_on_every_turn(tok, tmp_path):
+    t = task("C")
+    groups = [[rollout(tok, tmp_path, t, 1), rollout(tok, tmp_path, t, 1, malformed=True),
+               rollout(tok, tmp_path, t, 0), rollout(tok, tmp_path, t, 2)]]
+    batch, stats = flow_batch([t], groups, np.array([[1, 1, 0, 0]], np.float32), NAMES,
+                              GRPOConfig(), pad_id=PAD, max_turn_tokens=4096, row_multiple=4)
+    assert stats["format_error_rate"] == 0.25
+    n0 = len(groups[0][0].samples)
+    n1 = len(groups[0][1].samples)
+    assert (batch["sample_mask"][n0:n0 + n1] == 0).all()
+    assert (batch["advantages"][n0:n0 + n1] == 0).all()
+    assert (batch["sample_mask"][:n0] == 1).all()
+
+
+def test_preferences_and_config_errors():
+    got = preferences([task("a"), task("b", (0.5, 0, 1, 1, 0.2, 0.3)), task("c", (1, 1, 0, 1))], 3)
+    assert np.allclose(got, [[0, 0, 0, 1, 0, 0], [0.5, 0, 1, 1, 0.2, 0.3], [0, 0, 0, 1, 0, 1]])
+    with pytest.raises(ValueError, match=r"AgentConfig.mode='flow'; allowed: \('direct', "):
+        AgentConfig(mode="flow")
+    with pytest.raises(ValueError, match=r"AgentConfig.exclude=\['memory'\]"):
+        AgentConfig(exclude=("memory",))
