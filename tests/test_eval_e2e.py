@@ -1,0 +1,149 @@
+"""`orchestrax eval` end to end: an OpenAI-compatible policy on a loopback server (numbers by
+hand), and the CLI against a real `orchestrax serve --tiny` process through both its SGLang and
+its OpenAI-compatible APIs, and on a training run's Orbax checkpoint."""
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from orchestrax.agent.episode import EpisodeConfig
+from orchestrax.cli import main as cli
+from orchestrax.envs.testing import ScriptedChatServer
+from orchestrax.eval.core import evaluate
+from orchestrax.eval.metrics import summarize
+from orchestrax.eval.policy import ChatPolicy
+from orchestrax.eval.runners import EvalConfig
+from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
+from orchestrax.tools.base import Pricing
+from orchestrax.tools.chat_client import ChatEndpoint
+
+CHEAP = '<tool_call>\n{"name": "lookup_cheap", "arguments": {}}\n</tool_call>'
+ANSWER = "<answer>done</answer>"
+
+
+def test_chat_policy_by_hand():
+    """ScriptedChatServer bills len(reply) // 4 completion tokens; the policy's own tokens are
+    priced at $1 per completion token, so its cost is exactly that count in dollars."""
+    def respond(body):
+        last = body["messages"][-1]["content"]
+        return ANSWER if "<tool_response>" in last else CHEAP
+
+    async def go():
+        async with ScriptedChatServer(respond) as srv:
+            policy = ChatPolicy(ChatEndpoint(base_url=srv.base_url, model="m"))
+            ts = load_task_set("routing", TaskSetOptions(routing=(("num_eval", 2),)))
+            cfg = EvalConfig(episode=EpisodeConfig(enable_thinking=False), seconds_per_token=1.0,
+                             policy_pricing=Pricing(kind="per_token", usd_per_m_output=1e6))
+            try:
+                return await evaluate(ts, policy, cfg, progress=False), srv.requests
+            finally:
+                await policy.aclose()
+
+    recs, requests = asyncio.run(go())
+    s = summarize(recs)
+    out_tokens = len(CHEAP) // 4 + len(ANSWER) // 4
+    assert s["accuracy"] == 1.0 and s["turns"] == 2 and s["completion_tokens"] == out_tokens
+    assert s["calls_per_task"] == {"lookup_cheap": 1.0}
+    assert s["cents_per_task"] == pytest.approx(100 * (0.001 + out_tokens))
+    assert s["minutes_per_task"] == pytest.approx((4.0 + out_tokens) / 60)
+    assert len(requests) == 4
+    first = requests[0]["messages"]
+    assert first[0]["role"] == "system" and "# Tools" in first[0]["content"]
+    assert '"name": "lookup_fast"' in first[0]["content"]
+    assert "Preference: low" in first[1]["content"]
+    second = [r for r in requests if len(r["messages"]) == 4][0]["messages"]
+    assert second[2] == {"role": "assistant", "content": CHEAP}
+    assert second[3]["role"] == "user" and second[3]["content"].startswith("<tool_response>\nDone:")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrax.cli", "serve", "--tiny", "--port",
+                             str(port), "--max-len", "2048", "--max-batch", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "listening" in line, line
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _check_payload(out, tasks=2):
+    payload = json.loads((out / "eval.json").read_text())
+    rows = {r["turn_limit"]: r for r in payload["rows"]}
+    assert sorted(rows) == [1, 2] and all(r["tasks"] == tasks for r in rows.values())
+    recs = payload["records"]["routing"]
+    assert len(recs) == tasks
+    for r in recs:
+        assert 1 <= r["turns"] <= 2 and r["prompt_tokens"] > 0
+        assert 1 <= r["completion_tokens"] <= 2 * 16
+        assert r["latency_s"] == pytest.approx(r["tool_latency_s"] + r["policy_latency_s"])
+        assert r["policy_latency_s"] > 0
+    assert rows[1]["turns"] <= rows[2]["turns"]
+    assert rows[2]["accuracy"] == sum(r["outcome"] for r in recs) / tasks
+    for name in ("eval.csv", "accuracy_vs_cost.png", "calls_per_tool.png"):
+        assert (out / name).stat().st_size > 0
+    return payload
+
+
+COMMON = ["--tasks", "routing", "--limit", "2", "--max-turns", "2", "--turn-sweep", "1",
+          "--max-new-tokens", "16", "--context-tokens", "2048", "--no-progress", "--no-thinking"]
+
+
+@pytest.mark.slow
+def test_cli_against_orchestrax_serve_tiny(tiny_server, tmp_path, capsys):
+    assert cli(["eval", "--policy", f"sglang:{tiny_server}", "--tokenizer", "tiny",
+                "--out", str(tmp_path / "sglang"), *COMMON]) == 0
+    _check_payload(tmp_path / "sglang")
+    assert cli(["eval", "--policy", f"openai:{tiny_server}/v1", "--model", "orchestrax",
+                "--out", str(tmp_path / "openai"), *COMMON]) == 0
+    payload = _check_payload(tmp_path / "openai")
+    assert payload["policy"] == "orchestrax"
+    printed = capsys.readouterr().out
+    assert "routing" in printed and "cents/task" in printed
+
+
+@pytest.mark.slow
+def test_cli_on_a_run_checkpoint_and_its_hf_export(tmp_path):
+    """A training run dir (model/config.json + Orbax checkpoints/) and an HF export of the same
+    params give the same greedy episodes on the embedded sampler."""
+    from orchestrax import models
+    from orchestrax.agent.testing import tiny_qwen3_tokenizer
+    from orchestrax.train.checkpoint import Checkpointer
+    from orchestrax.train.setup import write_model_card
+
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    params = models.init_params(cfg, 7)
+    run = tmp_path / "run"
+    write_model_card(run / "model", cfg, tok)
+    ckpt = Checkpointer(run / "checkpoints", every=1)
+    ckpt.maybe_save(3, {"params": params}, {"phase": "rl", "step": 3}, force=True)
+    ckpt.close()
+    models.save_hf(cfg, params, tmp_path / "hf", tokenizer_dir=run / "model")
+    outs = []
+    for name, policy in (("run", run), ("hf", tmp_path / "hf")):
+        assert cli(["eval", "--policy", str(policy), "--out", str(tmp_path / f"out_{name}"),
+                    *COMMON]) == 0
+        outs.append(_check_payload(tmp_path / f"out_{name}"))
+    keys = ("task_id", "outcome", "turns", "completion_tokens", "prompt_tokens", "calls")
+    assert ([{k: r[k] for k in keys} for r in outs[0]["records"]["routing"]]
+            == [{k: r[k] for k in keys} for r in outs[1]["records"]["routing"]])
+
+
+def test_cli_refuses_an_ambiguous_url():
+    with pytest.raises(ValueError, match="sglang:http://x"):
+        cli(["eval", "--policy", "http://x", "--tasks", "routing", "--no-progress"])
