@@ -15,6 +15,7 @@ import jax
 from orchestrax.models import ModelConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.train.flow import AgentConfig  # sub-agent mode (issue 12)
 from orchestrax.train.validate import check_fields
 
 BACKENDS = ("embedded", "sglang")
@@ -87,6 +88,8 @@ class TrainConfig:
     # Start from another run's newest checkpoint (e.g. a warm-start run) instead of `model` or
     # `hf_path` weights; its params are taken, its optimizer state is not. Ignored on resume.
     init_from: str | None = None
+    # "direct" episodes, or the orchestrator + sub-agents trained with Flow-GRPO (train/flow.py)
+    agent: AgentConfig = AgentConfig()
 
     def __post_init__(self):
         check_fields(self)  # types first: the range checks below assume them
@@ -124,6 +127,9 @@ class TrainConfig:
                 f"rollout.{field}={value}; training rollouts must sample the full softmax "
                 "(top_p=1.0, top_k=-1): the trainer scores tokens under the untruncated "
                 "distribution, so truncated sampling biases every ratio")
+        if self.agent.mode == "subagent" and self.rollout.workers:  # --- sub-agent mode
+            raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode='subagent'; "
+                             "sub-agent rollouts run on the trainer's event loop (workers=0)")
         if self.env == "tau2" and "domain" not in dict(self.env_kwargs):
             raise ValueError(f"TrainConfig.env_kwargs={self.env_kwargs!r}; env='tau2' needs "
                              "('domain', '<path to a tau2 domain folder>')")
