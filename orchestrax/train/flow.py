@@ -235,3 +235,20 @@ def shared_tools(agent: AgentConfig) -> list:
         tools.append(LocalSearchTool(build_index(SearchIndexConfig(
             corpus_path=agent.search_corpus, backend="bm25"), progress=False)))
     return tools
+
+
+def make_subagent_sampler(cfg: "TrainConfig", model_cfg, params):
+    """The sub-agents' sampler, never updated by training: SGLang servers at
+    `agent.subagent_urls`, or an embedded sampler on a copy of the starting weights (the
+    trainer's own buffers are donated to every update)."""
+    if cfg.agent.subagent_urls:
+        from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
+        return SGLangClient(SGLangClientConfig(urls=tuple(cfg.agent.subagent_urls)))
+    import jax
+    import jax.numpy as jnp
+
+    from orchestrax.rollout.embedded import EmbeddedSampler
+    r = cfg.rollout
+    return EmbeddedSampler(model_cfg, jax.tree.map(jnp.copy, params),
+                           max_batch=r.sampler_max_batch, max_len=r.context_tokens,
+                           seed=cfg.seed + 1)
