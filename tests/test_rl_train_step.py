@@ -194,3 +194,35 @@ def test_mfu_helper():
     assert rl.mfu(8e9, 1e4, 1.0, rl.peak_flops("h100")) == pytest.approx(6 * 8e13 / 989e12)
     with pytest.raises(ValueError, match="known"):
         rl.peak_flops("abacus")
+
+
+def test_step_compiles_once_per_batch_key_set(monkeypatch):
+    from orchestrax.rl import train_step
+    chex.clear_trace_counter()
+    # make_train_step binds the module's _train_step when called; count its traces.
+    monkeypatch.setattr(train_step, "_train_step",
+                        chex.assert_max_traces(train_step._train_step, n=2))
+    train = rl.make_train_step(MCFG, rl.GRPOConfig(compute_entropy=False), OCFG)
+    state = fresh_state()
+    with_mask = make_batch(B=4)
+    no_mask = {k: v for k, v in make_batch(B=4, seed=1).items() if k != "sample_mask"}
+    for b in (with_mask, make_batch(B=4, seed=2), no_mask, with_mask, no_mask):
+        state, _ = train.step(state, b)             # new values, same key sets: no retrace
+    assert int(state.counters["train_steps"]) == 5
+    no_old = {k: v for k, v in with_mask.items() if k != "old_logprobs"}
+    with pytest.raises(AssertionError, match="traced > 2 times"):
+        train.step(state, no_old)                   # a third key set is a third trace
+
+
+def test_profile_scopes_name_logprobs_loss_and_optimizer():
+    import functools
+    import re
+    from orchestrax.rl.train_step import _train_step
+    fn = functools.partial(_train_step, mcfg=MCFG, gcfg=rl.GRPOConfig(), opt_cfg=OCFG, mesh=None,
+                           rules=None)
+    text = jax.jit(fn).lower(fresh_state(), make_batch(B=4, with_old=False)).as_text(
+        debug_info=True)
+    names = set(re.findall(r'loc\("([^"]*)"', text))
+    for scope in ("jvp(token_logprobs)/", "transpose(jvp(token_logprobs))/", "jvp(loss)/",
+                  "optimizer/"):
+        assert any(n.startswith(scope) for n in names), scope
