@@ -1,0 +1,321 @@
+"""The outer loop: rollouts -> verify -> reward -> advantages -> filters -> jitted update.
+
+One RL step: Q tasks (chosen from the seed and the step number, so a resumed run sees the same
+tasks), G episodes each, all in flight at once; the ToolOrchestra reward over each group; the
+pure `train_step` on the packed batch; the new weights go to the sampler; metrics append to
+`<out_dir>/metrics.jsonl`; a checkpoint every `checkpoint_every` steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import pathlib
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from orchestrax import models, parallel, rl
+from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
+from orchestrax.agent.executor import ToolExecutor
+from orchestrax.agent.pool import EpisodePool
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.base import Environment
+from orchestrax.rollout.base import SamplingParams
+from orchestrax.train import batching, config, episodes, setup
+from orchestrax.train.checkpoint import Checkpointer, abstract_like
+from orchestrax.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.out = pathlib.Path(cfg.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        # Everything that can be wrong with the config or its inputs fails here, before any
+        # compute (the environment first: its task count bounds tasks_per_step).
+        config.check_paths(cfg)
+        self.env: Environment = setup.make_env(cfg)
+        self.train_tasks: Sequence[Task] = self.env.tasks("train")
+        self.eval_tasks: Sequence[Task] = self.env.tasks("eval")
+        config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
+        self.mesh = parallel.make_mesh(cfg.mesh)
+        self.tokenizer = setup.load_tokenizer(cfg.tokenizer)
+        self.codec = Codec(self.tokenizer)
+        self.model_cfg, params = setup.load_params(cfg, self.mesh)
+        config.check_master_weights(cfg, params)
+        setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer)
+        self.update = rl.make_train_step(self.model_cfg, cfg.grpo, cfg.optim, self.mesh)
+        self.state = self.update.init(params)
+        self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)
+        self.step = 0
+        self.phase = "sft" if cfg.sft_steps else "rl"
+        self.ref_params = None
+        if cfg.resume and self.ckpt.latest_step is not None:
+            self._resume()
+        elif cfg.init_from is not None:
+            source = Checkpointer(pathlib.Path(cfg.init_from) / "checkpoints", every=0)
+            state, meta = source.restore(self.state)
+            source.close()
+            self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
+            log.info("starting RL from %s (its %s step %d)", cfg.init_from, meta["phase"],
+                     meta["step"])
+        self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
+        self.executor = ToolExecutor()
+        self.pool: EpisodePool | None = None  # rollout.workers > 0: started by _rl
+        self._server = None
+        self.episode_cfg = EpisodeConfig(
+            max_turns=cfg.rollout.max_turns, context_tokens=cfg.rollout.context_tokens,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            enable_thinking=cfg.rollout.enable_thinking,
+            sampling=SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                    top_k=cfg.rollout.top_k))
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _resume(self) -> None:
+        state, meta = self.ckpt.restore(self.state)
+        self.phase, self.step, self.state = meta["phase"], meta["step"], state
+        if self.phase == "sft" and self.step >= self.cfg.sft_steps:
+            # Warm start finished: RL begins with a fresh optimizer on the warm params.
+            self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
+        log.info("resumed %s phase at step %d", self.phase, self.step)
+
+    def _save(self, force: bool = False) -> None:
+        self.ckpt.maybe_save(self._global_step(), self.state,
+                             {"phase": self.phase, "step": self.step}, force=force)
+
+    def _global_step(self) -> int:
+        return self.step + (self.cfg.sft_steps if self.phase == "rl" else 0)
+
+    # --- phases --------------------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        history = []
+        if self.phase == "sft":
+            history += self._sft()
+        history += asyncio.run(self._rl())
+        self.ckpt.close()
+        return history
+
+    def _sft(self) -> list[dict[str, Any]]:
+        """Warm start on the environment's demonstrations (format and task, no preference)."""
+        cfg = self.cfg
+        sft = rl.make_train_step(self.model_cfg,
+                                 dataclasses.replace(cfg.grpo, objective="sft", num_minibatches=1,
+                                                     temperature=1.0, kl_coef=0.0),
+                                 cfg.sft_optim or cfg.optim, self.mesh)
+        self.state = sft.init(self.state.params) if self.step == 0 else self.state
+        history = []
+        demos = setup.demonstrations(self.env, self.train_tasks, self.tokenizer, cfg)
+        while self.step < cfg.sft_steps:
+            rng = np.random.default_rng([cfg.seed, 1, self.step])
+            chosen = [demos[i] for i in rng.choice(len(demos), cfg.sft_batch)]
+            batch = batching.pack(chosen, pad_id=setup.pad_id(self.codec),
+                                  max_len=cfg.rollout.context_tokens)
+            del batch["sampler_logprobs"]
+            self.state, metrics = sft.step(self.state, batch)
+            self.step += 1
+            if self.step % 10 == 0 or self.step == cfg.sft_steps:
+                row = {"phase": "sft", "step": self.step, **_floats(metrics)}
+                history.append(self._log(row))
+            self._save()
+        self._save(force=True)
+        self.phase, self.step = "rl", 0
+        self.state = self.update.init(self.state.params)
+        return history
+
+    async def _rl(self) -> list[dict[str, Any]]:
+        await self._start_workers()
+        try:
+            return await self._rl_steps()
+        finally:
+            await self._stop_workers()
+
+    async def _rl_steps(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        history = []
+        self._setup_reference()
+        await self._publish_weights()
+        if self.step == 0:
+            history.append(self._log(await self._evaluate()))
+        while self.step < cfg.steps:
+            t0 = time.perf_counter()
+            rng = np.random.default_rng([cfg.seed, 2, self.step])
+            tasks = [self.train_tasks[i] for i in
+                     rng.choice(len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False)]
+            groups, outcome = await self._rollout(tasks, cfg.rollout.group_size)
+            t_roll = time.perf_counter() - t0
+            batch, stats = self._make_batch(tasks, groups, outcome)
+            if self.ref_params is not None:
+                batch["ref_logprobs"] = self._ref_logprobs(self.ref_params, batch["tokens"],
+                                                           batch["attention_mask"])
+            self.state, metrics = self.update.step(self.state, batch)
+            self.step += 1
+            await self._publish_weights()
+            row = {"phase": "rl", "step": self.step, **stats, **_floats(metrics),
+                   "time_rollout_s": t_roll, "time_step_s": time.perf_counter() - t0}
+            history.append(self._log(row))
+            self._save()
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
+                history.append(self._log(await self._evaluate()))
+        self._save(force=True)
+        if hasattr(self.sampler, "aclose"):
+            await self.sampler.aclose()
+        return history
+
+    def _setup_reference(self) -> None:
+        """With a KL term, the frozen reference is the policy RL started from (the warm-start
+        result, or the loaded checkpoint); it is written once and re-read on resume."""
+        self.ref_params = None
+        if self.cfg.grpo.kl_coef <= 0:
+            return
+        path = (self.out / "reference").resolve()
+        ckptr = ocp.StandardCheckpointer()
+        if path.exists():
+            self.ref_params = ckptr.restore(path, abstract_like(self.state.params))
+        else:
+            self.ref_params = jax.tree.map(jnp.copy, self.state.params)  # state is donated
+            ckptr.save(path, self.ref_params)
+            ckptr.wait_until_finished()
+        temperature = self.cfg.grpo.temperature
+        chunk = self.cfg.grpo.logprob_chunk
+        self._ref_logprobs = jax.jit(lambda p, t, m: models.token_logprobs(
+            self.model_cfg, p, t, m, temperature=temperature, chunk_size=chunk))
+
+    # --- pieces --------------------------------------------------------------------------------
+    async def _rollout(self, tasks: Sequence[Task], group: int,
+                       temperature: float | None = None
+                       ) -> tuple[list[list[Trajectory]], np.ndarray]:
+        """G episodes per task, all in flight at once (up to rollout.max_in_flight); returns
+        the groups and outcomes [Q, G]."""
+        cfg = self.episode_cfg
+        if temperature is not None:
+            cfg = dataclasses.replace(cfg, sampling=SamplingParams(
+                temperature=temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
+        jobs = [episodes.EpisodeJob(task=t, episode=cfg) for t in tasks for _ in range(group)]
+        if self.pool is not None:
+            played = await self.pool.play(jobs)
+        else:
+            gate = asyncio.Semaphore(self.cfg.rollout.max_in_flight)
+
+            async def one(job):
+                async with gate:
+                    return await episodes.play(self.env, self.sampler, self.codec,
+                                               self.executor, job)
+
+            with young_gc_threshold():
+                played = await asyncio.gather(*(one(job) for job in jobs))
+        trajs = [traj for traj, _ in played]
+        outcomes = np.asarray([outcome for _, outcome in played], np.float32)
+        groups = [trajs[i * group:(i + 1) * group] for i in range(len(tasks))]
+        return groups, outcomes.reshape(len(tasks), group)
+
+    async def _start_workers(self) -> None:
+        """rollout.workers > 0: the episode pool, and for the embedded sampler a loopback
+        server the workers' SGLang clients call (same sampler object, so weight updates apply)."""
+        r = self.cfg.rollout
+        if not r.workers:
+            return
+        urls = tuple(r.server_urls)
+        if r.backend == "embedded":
+            from orchestrax.rollout import server
+            self._server = await server.start(server.ServerState(
+                sampler=self.sampler, model_path=str(self.out / "model"),
+                tokenizer=self.tokenizer))
+            urls = (f"http://127.0.0.1:{server.bound_port(self._server)}",)
+        build = functools.partial(episodes.EpisodePlayer, self.cfg, urls)
+        self.pool = await asyncio.to_thread(
+            EpisodePool, build, workers=r.workers,
+            max_in_flight=max(1, r.max_in_flight // r.workers))
+        log.info("%d episode workers started (sampler at %s)", r.workers, ", ".join(urls))
+
+    async def _stop_workers(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self._server is not None:
+            await self._server.cleanup()  # also closes the sampler it serves
+            self._server = None
+
+    def _make_batch(self, tasks, groups, outcome) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Reward, advantages and filters over [Q, G], then the packed [Q·G, T] batch."""
+        cfg = self.cfg
+        q, g = outcome.shape
+        names = [[tool.spec.name for tool in self.env.tools(t)] for t in tasks]
+        width = max(len(n) for n in names)
+        counts = np.zeros((q, g, width), np.float32)   # tasks with fewer tools pad with zeros
+        pref = np.zeros((q, width + 3), np.float32)
+        cost = np.zeros((q, g), np.float32)
+        latency = np.zeros((q, g), np.float32)
+        for i, (task, group) in enumerate(zip(tasks, groups)):
+            c, cost[i], latency[i] = rl.features_from_trajectories(group, names[i])
+            counts[i, :, :len(names[i])] = c
+            # A task without a preference vector is scored on its outcome alone.
+            p = (np.asarray(task.preference, np.float32) if task.preference is not None
+                 else np.array([0.0] * len(names[i]) + [1.0, 0.0, 0.0], np.float32))
+            pref[i, :len(names[i])], pref[i, width:] = p[:-3], p[-3:]
+        fmt = np.array([[tr.format_errors for tr in gr] for gr in groups], np.int32)
+        answered = np.array([[tr.final_answer is not None for tr in gr] for gr in groups])
+        valid = (fmt == 0) & answered
+        R = rl.toolorchestra_reward(counts, outcome, cost, latency, pref,
+                                    scope=cfg.grpo.reward_scope, valid=valid)
+        keep, counters = rl.sample_mask(R, format_errors=fmt, has_answer=answered,
+                                        min_std=cfg.grpo.min_group_std)
+        A = rl.compute_advantages(R, cfg.grpo.adv_estimator, eps=cfg.grpo.adv_eps,
+                                  ddof=cfg.grpo.adv_ddof, clip=cfg.grpo.adv_clip, mask=valid)
+        flat = [tr for gr in groups for tr in gr]
+        batch = batching.pack(flat, pad_id=setup.pad_id(self.codec),
+                              max_len=cfg.rollout.context_tokens)
+        # mu = 1 and on-policy: the step recomputes old logprobs with the pre-update params, and
+        # the sampler's own logprobs feed the trainer-sampler gap metric.
+        batch["advantages"] = np.asarray(A, np.float32).reshape(-1)
+        batch["sample_mask"] = np.asarray(keep, np.float32).reshape(-1)
+        stats = {"reward_mean": float(np.mean(R)), "accuracy": float(outcome.mean()),
+                 "cost_mean": float(cost.mean()), "latency_mean": float(latency.mean()),
+                 "format_error_rate": float((fmt > 0).mean()),
+                 "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
+                 "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat]))}
+        stats |= _floats(counters) | self.env.stats(tasks, groups)
+        return batch, stats
+
+    async def _publish_weights(self) -> None:
+        version = str(self._global_step())
+        await setup.publish(self.sampler, self.cfg, self.model_cfg, self.state.params, version,
+                            self.out)
+
+    async def _evaluate(self) -> dict[str, Any]:
+        """Rollouts on the eval split (greedy unless eval_temperature > 0): accuracy, cost,
+        latency and the env's own stats."""
+        tasks = list(self.eval_tasks)
+        groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
+                                              temperature=self.cfg.eval_temperature)
+        flat = [tr for gr in groups for tr in gr]
+        row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
+               "cost_mean": float(np.mean([tr.cost for tr in flat])),
+               "latency_mean": float(np.mean([tr.latency for tr in flat]))}
+        return row | self.env.stats(tasks, groups)
+
+    def _log(self, row: dict[str, Any]) -> dict[str, Any]:
+        with (self.out / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in row.items()))
+        return row
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()
+            if np.asarray(v).size == 1}
+
+
+def train(cfg: TrainConfig) -> list[dict[str, Any]]:
+    return Trainer(cfg).run()
+
