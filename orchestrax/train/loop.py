@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import pathlib
 import time
 from typing import Any, Sequence
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,11 +27,13 @@ from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
 from orchestrax.data.records import Task, Trajectory
+from orchestrax.data.tasks import task_stream
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.train import batching, config, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
+from orchestrax.train.metrics import MetricsLog
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,14 @@ class Trainer:
         self.step = 0
         self.phase = "sft" if cfg.sft_steps else "rl"
         self.ref_params = None
+        # Task indices per RL step; its position is saved with every checkpoint.
+        self.task_ids = iter(task_stream(
+            len(self.train_tasks), cfg.rollout.tasks_per_step, seed=cfg.seed,
+            process_index=jax.process_index(), process_count=jax.process_count()
+        ).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+        keep_rows, resumed_at = 0, None  # metrics rows of the restored checkpoint
         if cfg.resume and self.ckpt.latest_step is not None:
-            self._resume()
+            keep_rows, resumed_at = self._resume()
         elif cfg.init_from is not None:
             source = Checkpointer(pathlib.Path(cfg.init_from) / "checkpoints", every=0)
             state, meta = source.restore(self.state)
@@ -69,6 +77,7 @@ class Trainer:
             self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
             log.info("starting RL from %s (its %s step %d)", cfg.init_from, meta["phase"],
                      meta["step"])
+        self.metrics = MetricsLog(self.out, keep_rows=keep_rows, resume_step=resumed_at)
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
         self.pool: EpisodePool | None = None  # rollout.workers > 0: started by _rl
@@ -81,17 +90,22 @@ class Trainer:
                                     top_k=cfg.rollout.top_k))
 
     # --- checkpoints ---------------------------------------------------------------------------
-    def _resume(self) -> None:
-        state, meta = self.ckpt.restore(self.state)
+    def _resume(self) -> tuple[int, int]:
+        """Restore the newest whole checkpoint; returns its metrics row count and global step."""
+        state, meta = self.ckpt.restore(self.state, data=self.task_ids)
         self.phase, self.step, self.state = meta["phase"], meta["step"], state
+        resumed_at = self._global_step()
         if self.phase == "sft" and self.step >= self.cfg.sft_steps:
             # Warm start finished: RL begins with a fresh optimizer on the warm params.
             self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
         log.info("resumed %s phase at step %d", self.phase, self.step)
+        # Checkpoints from before rows were counted keep every row.
+        return meta.get("metrics_rows", 1 << 62), resumed_at
 
     def _save(self, force: bool = False) -> None:
-        self.ckpt.maybe_save(self._global_step(), self.state,
-                             {"phase": self.phase, "step": self.step}, force=force)
+        meta = {"phase": self.phase, "step": self.step, "metrics_rows": self.metrics.rows}
+        self.ckpt.maybe_save(self._global_step(), self.state, meta, data=self.task_ids,
+                             force=force)
 
     def _global_step(self) -> int:
         return self.step + (self.cfg.sft_steps if self.phase == "rl" else 0)
@@ -103,6 +117,7 @@ class Trainer:
             history += self._sft()
         history += asyncio.run(self._rl())
         self.ckpt.close()
+        self.metrics.close()
         return history
 
     def _sft(self) -> list[dict[str, Any]]:
@@ -148,9 +163,7 @@ class Trainer:
             history.append(self._log(await self._evaluate()))
         while self.step < cfg.steps:
             t0 = time.perf_counter()
-            rng = np.random.default_rng([cfg.seed, 2, self.step])
-            tasks = [self.train_tasks[i] for i in
-                     rng.choice(len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False)]
+            tasks = [self.train_tasks[i] for i in next(self.task_ids)]
             groups, outcome = await self._rollout(tasks, cfg.rollout.group_size)
             t_roll = time.perf_counter() - t0
             batch, stats = self._make_batch(tasks, groups, outcome)
@@ -304,8 +317,7 @@ class Trainer:
         return row | self.env.stats(tasks, groups)
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
-        with (self.out / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.metrics.write(row, self._global_step())
         log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in row.items()))
         return row

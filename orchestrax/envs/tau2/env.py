@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Mapping
 
 from orchestrax.agent.episode import UserResponder
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.envs.base import Environment
-from orchestrax.envs.tau2.domain import DomainTool, Tau2Domain, load_domain
+from orchestrax.envs.tau2.domain import Tau2Domain, load_domain
 from orchestrax.envs.tau2.user import GREETING, LLMUser
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
+from orchestrax.tools.base import Tool
+from orchestrax.tools.randomize import instance_tools
 
 _AGENT_PROMPT = """You are a customer service agent. Help the user under the policy below.
 In each turn either send one message to the user or make tool calls, not both.
@@ -32,11 +35,19 @@ class Tau2Env(Environment):
     """`domain`: a loaded Tau2Domain or its folder. Without `user_endpoint` there is no
     simulated user (`user_for` returns None; tests use ScriptedUser). `completeness=False`
     scores exactly as tau2-bench does (for reporting benchmark numbers); True adds the
-    ToolScale operation-completeness check (for training)."""
+    ToolScale operation-completeness check (for training). `tools`: the orchestrator's own
+    catalog (LLMs, search, code), offered next to the domain's functions; calls to them do not
+    touch the database and are not part of the verdict."""
 
     def __init__(self, domain: Tau2Domain | str | pathlib.Path, *,
-                 user_endpoint: ChatEndpoint | None = None, completeness: bool = True):
+                 user_endpoint: ChatEndpoint | None = None, completeness: bool = True,
+                 tools: Mapping[str, Tool] | None = None):
         self.domain = domain if isinstance(domain, Tau2Domain) else load_domain(domain)
+        self.catalog: dict[str, Tool] = dict(tools or {})
+        clash = sorted(set(self.catalog) & {t.spec.name for t in self.domain.tools()})
+        if clash:
+            raise ValueError(f"Tau2Env tools {clash} have the names of {self.domain.name} domain "
+                             "functions; rename them in the catalog")
         self.user_endpoint = user_endpoint
         self.completeness = completeness
         self._gold = GoldCache(self.domain)
@@ -81,14 +92,16 @@ class Tau2Env(Environment):
         return dataclasses.replace(task, messages=(*task.messages, greeting,
                                                    {"role": "user", "content": reply.text}))
 
-    def tools(self, task: Task) -> list[DomainTool]:
-        return self.domain.tools()
+    def tools(self, task: Task) -> list[Tool]:
+        """The domain's functions (one fresh DB), then the catalog or the instance's subset."""
+        return [*self.domain.tools(), *instance_tools(self.catalog, task)]
 
     def check(self, task: Task, trajectory: Trajectory) -> Verdict:
         texts = trajectory_texts(trajectory) + [m["content"] for m in trajectory.messages
                                                 if m.get("role") == "assistant"
                                                 and isinstance(m.get("content"), str)]
-        return check(self.domain, self.raw(task), trajectory_calls(trajectory), texts, self._gold)
+        calls = [c for c in trajectory_calls(trajectory) if c["name"] not in self.catalog]
+        return check(self.domain, self.raw(task), calls, texts, self._gold)
 
     async def verify(self, task: Task, trajectory: Trajectory) -> float:
         verdict = self.check(task, trajectory)

@@ -1,0 +1,110 @@
+"""Per-instance preferences (Pairs_train / Pairs_eval) and tool/pricing randomisation."""
+
+import dataclasses
+
+import pytest
+
+from orchestrax.agent.testing import SleepTool
+from orchestrax.data import preferences
+from orchestrax.data.instances import InstanceConfig, prepare_instance
+from orchestrax.envs.qa import QAEnv
+from orchestrax.tools.randomize import RandomizeConfig
+from orchestrax.tools.sheets import bundled_sheets, load_sheet
+
+CATALOG_NAMES = ("local_search", "python", "web_search")
+
+
+def in_pool(text, split):
+    return any(text == p.instruction.format(tool=t) for p in preferences.pairs(split)
+               for t in CATALOG_NAMES)
+
+
+def test_pools_never_overlap_and_cover_every_profile():
+    train, evals = preferences.pairs("train"), preferences.pairs("eval")
+    assert set(train).isdisjoint(evals)
+    assert {p.instruction for p in train}.isdisjoint(p.instruction for p in evals)
+    profile = lambda p: (p.outcome, p.compute, p.latency, p.tool)  # noqa: E731
+    assert {profile(p) for p in train} == {profile(p) for p in evals}
+    with pytest.raises(ValueError, match="allowed: 'train', 'eval'"):
+        preferences.pairs("test")
+
+
+def test_draw_is_seeded_and_lays_p_out_over_the_instance_tools():
+    tools = ["a", "b", "c"]
+    assert preferences.draw("train", tools, 5) == preferences.draw("train", tools, 5)
+    drawn = [preferences.draw("train", tools, s) for s in range(60)]
+    assert len({text for _, text in drawn}) > 5
+    train_texts = {p.instruction for p in preferences.pairs("train")}
+    for P, text in drawn:
+        assert len(P) == len(tools) + 3 and all(0 <= x <= 1 for x in P) and P[3] == 1.0
+        named = [t for t, w in zip(tools, P[:3]) if w > 0]
+        assert len(named) <= 1
+        if named:  # the instruction names the tool that carries the weight
+            assert named[0] in text
+        assert any(text == t.format(tool=named[0]) if named else text == t for t in train_texts)
+    # no nameable tool: only wishes about outcome, cost and latency
+    for s in range(40):
+        P, text = preferences.draw("eval", tools, s, nameable=[])
+        assert P[:3] == (0.0, 0.0, 0.0) and "{tool}" not in text
+    with pytest.raises(ValueError, match="not among tool_names"):
+        preferences.draw("train", tools, 0, nameable=["z"])
+
+
+@pytest.fixture
+def qa_env(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(f'{{"id": {i}, "question": "q{i}?", "answer": "a{i}"}}\n'
+                            for i in range(20)))
+    catalog = {n: SleepTool(n, cost=0.5) for n in CATALOG_NAMES}
+    return QAEnv(path=str(path), tools=catalog)
+
+
+def test_qa_env_offers_its_catalog(qa_env):
+    task = qa_env.tasks("all")[0]
+    assert [t.spec.name for t in qa_env.tools(task)] == sorted(CATALOG_NAMES)
+
+
+def test_training_instances_are_seeded_differ_and_never_use_heldout_sheets(qa_env):
+    cfg = InstanceConfig(randomize=RandomizeConfig(min_tools=1))
+    task = qa_env.tasks("all")[0]
+    a = prepare_instance(task, qa_env, split="train", seed=11, config=cfg)
+    assert a == prepare_instance(task, qa_env, split="train", seed=11, config=cfg)
+    seen_tools, seen_sheets, seen_texts = set(), set(), set()
+    for seed in range(120):
+        inst = prepare_instance(task, qa_env, split="train", seed=seed, config=cfg)
+        tools = qa_env.tools(inst)
+        names = tuple(t.spec.name for t in tools)
+        sheet = inst.metadata["tool_config"]["sheet"]
+        seen_tools.add(names)
+        seen_sheets.add(sheet)
+        seen_texts.add(inst.preference_instruction)
+        assert len(inst.preference) == len(names) + 3
+        # every tool is billed by the instance's sheet
+        for t in tools:
+            assert t.spec.pricing == load_sheet(sheet).tools[t.spec.name]
+    assert len(seen_tools) >= 5 and seen_sheets == set(bundled_sheets("train"))
+    assert "eval_heldout" not in seen_sheets
+    assert all(in_pool(t, "train") and not in_pool(t, "eval") for t in seen_texts)
+    bad = InstanceConfig(randomize=RandomizeConfig(sheets=("train_list", "eval_heldout")))
+    with pytest.raises(ValueError, match="held-out evaluation sheet"):
+        for seed in range(50):
+            prepare_instance(task, qa_env, split="train", seed=seed, config=bad)
+
+
+def test_eval_instances_use_the_heldout_sheet_and_the_eval_pool(qa_env):
+    task = qa_env.tasks("all")[3]
+    cfg = InstanceConfig(eval_sheet="eval_heldout")
+    inst = prepare_instance(task, qa_env, split="eval", seed=0, config=cfg)
+    assert inst.metadata["tool_config"] == {"tools": sorted(CATALOG_NAMES), "sheet": "eval_heldout"}
+    heldout = load_sheet("eval_heldout")
+    assert all(t.spec.pricing == heldout.tools[t.spec.name] for t in qa_env.tools(inst))
+    texts = {prepare_instance(task, qa_env, split="eval", seed=s, config=cfg)
+             .preference_instruction for s in range(40)}
+    assert len(texts) > 3 and all(in_pool(t, "eval") and not in_pool(t, "train") for t in texts)
+
+
+def test_an_existing_preference_is_kept(qa_env):
+    task = dataclasses.replace(qa_env.tasks("all")[0], preference=(0, 0, 0, 1, 0, 0),
+                               preference_instruction="mine")
+    inst = prepare_instance(task, qa_env, split="train", seed=1)
+    assert inst.preference == (0, 0, 0, 1, 0, 0) and inst.preference_instruction == "mine"
