@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from orchestrax import rl
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+NORM_LEN = 10        # seq-mean-token-sum-norm's fixed divisor (other aggs ignore it); ≠ any T here
 
 
 def np_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg="token-mean",
-                   ref=None, kl_coef=0.0, kl="k3", dual_clip=10.0, sampler=None, tis_cap=None):
+                   ref=None, kl_coef=0.0, kl="k3", dual_clip=10.0, sampler=None, tis_cap=None,
+                   norm_len=NORM_LEN):
     """Token-by-token float64 reading of the clipped surrogate; independent of the JAX code."""
     f64 = lambda x: None if x is None else np.asarray(x, np.float64)  # noqa: E731
     logp, old, adv, mask, ref, sampler = map(f64, (logp, old, adv, mask, ref, sampler))
@@ -43,7 +45,7 @@ def np_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg="toke
         if n == 0:
             continue
         s = (per[b] * mask[b]).sum()
-        seqs.append(s / n if agg == "seq-mean-token-mean" else s / T)
+        seqs.append(s / n if agg == "seq-mean-token-mean" else s / norm_len)
     return sum(seqs) / max(len(seqs), 1)
 
 
@@ -57,12 +59,12 @@ def hand_batch():
 
 @pytest.mark.parametrize("agg,want", [("token-mean", 1.12 / 5),
                                       ("seq-mean-token-mean", (-1.78 / 2 + 2.9 / 3) / 2),
-                                      ("seq-mean-token-sum-norm", (-1.78 / 4 + 2.9 / 4) / 2)])
+                                      ("seq-mean-token-sum-norm", (-1.78 / 10 + 2.9 / 10) / 2)])
 def test_hand_worked(agg, want):
     # A=+1: r=1.5 clipped to 1.28 -> -1.28; r=.5 -> -.5.  A=-1: r=1.1 -> 1.1; r=.7 -> .8 (clip);
     # r=1 -> 1.
     logp, old, adv, mask = hand_batch()
-    loss, m = rl.policy_loss(logp, old, adv, mask, agg=agg)
+    loss, m = rl.policy_loss(logp, old, adv, mask, agg=agg, norm_len=NORM_LEN)
     assert float(loss) == pytest.approx(want, abs=1e-6)
     assert float(m["clip_frac_high"]) == pytest.approx(1 / 5)
     assert float(m["clip_frac_low"]) == pytest.approx(1 / 5)
@@ -127,7 +129,7 @@ def test_matches_numpy_reference(inputs, agg, kl, kl_coef, dual_clip, tis_cap):
     logp, old, ref, sampler, adv, mask = inputs
     loss, _ = rl.policy_loss(logp, old, adv, mask, agg=agg, ref_logprobs=ref, kl_coef=kl_coef,
                              kl=kl, dual_clip=dual_clip, sampler_logprobs=sampler,
-                             tis_cap=tis_cap)
+                             tis_cap=tis_cap, norm_len=NORM_LEN)
     want = np_policy_loss(logp.astype(np.float64), old, adv, mask, agg=agg, ref=ref,
                           kl_coef=kl_coef, kl=kl, dual_clip=dual_clip, sampler=sampler,
                           tis_cap=tis_cap)
@@ -147,7 +149,7 @@ def test_gradient_matches_finite_differences(inputs, agg, kl, dual_clip):
     logp, old, ref, _, adv, mask = inputs
     assume(not _near_kink(logp, old, adv, dual_clip))
     f = lambda lp: rl.policy_loss(lp, old, adv, mask, agg=agg, ref_logprobs=ref,  # noqa: E731
-                                  kl_coef=0.1, kl=kl, dual_clip=dual_clip)[0]
+                                  kl_coef=0.1, kl=kl, dual_clip=dual_clip, norm_len=NORM_LEN)[0]
     g = np.asarray(jax.grad(f)(jnp.asarray(logp)))
     h = 1e-5
     x = logp.astype(np.float64)
@@ -168,10 +170,13 @@ def test_token_weights_sum_and_split_exactly():
     mask = (rng.random((8, 6)) > 0.4).astype(np.float32)
     mask[3] = 0.0                                       # a dropped sequence
     for agg in AGGS:
-        w = np.asarray(rl.token_weights(mask, agg))
+        w = np.asarray(rl.token_weights(mask, agg, NORM_LEN))
         assert np.all(w[mask == 0] == 0)
         if agg != "seq-mean-token-sum-norm":
             assert w.sum() == pytest.approx(1.0, abs=1e-6)
+        else:                        # each kept sequence: its token count / (norm_len · #seqs)
+            n_seq = int(np.sum(mask.sum(1) > 0))
+            assert w.sum() == pytest.approx(mask.sum() / (NORM_LEN * n_seq), abs=1e-6)
 
 
 def test_metrics_gap_entropy_and_tis():
@@ -215,3 +220,24 @@ def test_bad_arguments_name_field_and_values():
         rl.GRPOConfig(clip_low=1.5)
     with pytest.raises(ValueError, match="GRPOConfig.logprob_chunk=0; must be None or >= 1"):
         rl.GRPOConfig(logprob_chunk=0)
+
+
+def test_token_sum_norm_needs_a_fixed_norm_len():
+    """Dividing by the padded length T made the loss of the same sequences depend on how long the
+    batch's longest trajectory was; the divisor must be a constant the user chose."""
+    logp, old, adv, mask = hand_batch()
+    with pytest.raises(ValueError, match="GRPOConfig.norm_len=None; must be a fixed int > 0 with "
+                                         "agg='seq-mean-token-sum-norm'"):
+        rl.GRPOConfig(agg="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="policy_loss.norm_len=None; agg='seq-mean-token-sum-"
+                                         "norm' needs a fixed int >= 1"):
+        rl.policy_loss(logp, old, adv, mask, agg="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="policy_loss.norm_len=None"):
+        rl.sft_loss(logp, mask, agg="seq-mean-token-sum-norm")
+    # Padding the batch with 3 more masked positions leaves the loss alone.
+    pad = lambda x: np.pad(x, ((0, 0), (0, 3)))  # noqa: E731
+    a, _ = rl.policy_loss(logp, old, adv, mask, agg="seq-mean-token-sum-norm", norm_len=8)
+    b, _ = rl.policy_loss(pad(logp), pad(old), adv, pad(mask), agg="seq-mean-token-sum-norm",
+                          norm_len=8)
+    assert float(a) == float(b) == pytest.approx((-1.78 / 8 + 2.9 / 8) / 2, abs=1e-6)
+    assert rl.GRPOConfig(agg="seq-mean-token-sum-norm", norm_len=4096).norm_len == 4096

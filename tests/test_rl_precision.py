@@ -38,8 +38,7 @@ def changed_fraction(param_dtype: str, ocfg: rl.OptimizerConfig = OCFG, steps: i
         assert np.isfinite(float(metrics["loss"]))
     assert int(state.counters["updates"]) == steps
     after = jax.device_get(state.params)
-    changed = sum(int(np.sum(np.asarray(a) != np.asarray(b)))
-                  for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True))
+    changed = sum(jax.tree.leaves(jax.tree.map(lambda a, b: int(np.sum(a != b)), after, before)))
     total = sum(np.size(a) for a in jax.tree.leaves(before))
     return changed / total, state
 

@@ -18,7 +18,7 @@ MCFG = models.tiny_config(vocab_size=32, hidden_size=32, intermediate_size=64, n
 OCFG = rl.OptimizerConfig(lr=0.05, eps=1.0, weight_decay=0.01, warmup_steps=1,
                           schedule="cosine", total_steps=10)
 GCFG = rl.GRPOConfig(ppo_epochs=2, num_minibatches=2, num_microbatches=2, kl_coef=1e-2,
-                     tis_cap=2.0, agg="seq-mean-token-sum-norm")
+                     tis_cap=2.0, agg="seq-mean-token-sum-norm", norm_len=12)
 
 
 def batch(B=32, T=12, seed=0):

@@ -36,7 +36,8 @@ class GRPOConfig:
     dual_clip: float | None = 10.0          # c > 1; None disables
     log_ratio_clamp: float = 20.0           # |log ratio| cap before exp, for float safety
     agg: str = "token-mean"
-    norm_len: int | None = None             # seq-mean-token-sum-norm divisor; None: T
+    norm_len: int | None = None             # seq-mean-token-sum-norm's fixed divisor (required
+                                            # there, e.g. the maximum response length)
     kl: str = "k3"
     kl_coef: float = 0.0                    # 1e-4 is the usual value when a reference is used
     tis_cap: float | None = None            # truncated importance weight cap vs sampler logprobs
@@ -70,6 +71,9 @@ class GRPOConfig:
         check_choice(n, "agg", self.agg, AGG_MODES)
         _check(self.norm_len is None or self.norm_len > 0, n, "norm_len", self.norm_len,
                "None or > 0")
+        _check(self.agg != "seq-mean-token-sum-norm" or self.norm_len is not None, n, "norm_len",
+               self.norm_len, "a fixed int > 0 with agg='seq-mean-token-sum-norm' (the padded "
+               "length changes from batch to batch)")
         check_choice(n, "kl", self.kl, KL_ESTIMATORS)
         _check(self.kl_coef >= 0, n, "kl_coef", self.kl_coef, ">= 0")
         _check(self.tis_cap is None or self.tis_cap > 0, n, "tis_cap", self.tis_cap, "None or > 0")

@@ -25,10 +25,11 @@ def token_weights(mask_BT: jax.Array, agg: str = "token-mean", norm_len: int | N
     """[B,T] float32 weights w with loss = Σ loss_bt · w_bt.
 
     token-mean: 1 / (#tokens in batch). seq-mean-token-mean: 1 / (#tokens in seq · #seqs).
-    seq-mean-token-sum-norm (Dr.GRPO): 1 / (norm_len · #seqs), norm_len defaulting to T.
+    seq-mean-token-sum-norm (Dr.GRPO): 1 / (norm_len · #seqs) with a fixed norm_len (required).
     #seqs counts sequences with at least one policy token (dropped samples do not dilute).
     """
     check_choice("policy_loss", "agg", agg, AGG_MODES)
+    _check_norm_len("policy_loss", agg, norm_len)
     m = jnp.asarray(mask_BT, jnp.float32)
     n_b = jnp.sum(m, axis=-1, keepdims=True)
     n_seq = jnp.maximum(jnp.sum(n_b > 0), 1).astype(jnp.float32)
@@ -36,7 +37,16 @@ def token_weights(mask_BT: jax.Array, agg: str = "token-mean", norm_len: int | N
         return m / jnp.maximum(jnp.sum(n_b), 1.0)
     if agg == "seq-mean-token-mean":
         return m / jnp.maximum(n_b, 1.0) / n_seq
-    return m / float(norm_len or m.shape[-1]) / n_seq
+    return m / float(norm_len) / n_seq
+
+
+def _check_norm_len(owner: str, agg: str, norm_len: int | None) -> None:
+    """seq-mean-token-sum-norm divides by a constant: the batch's padded length would change the
+    per-token gradient scale from step to step with the longest trajectory."""
+    if agg == "seq-mean-token-sum-norm" and (norm_len is None or norm_len < 1):
+        raise ValueError(f"{owner}.norm_len={norm_len!r}; agg='seq-mean-token-sum-norm' needs a "
+                         "fixed int >= 1 (e.g. the maximum response length), not the padded "
+                         "length of each batch")
 
 
 def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, kl: str = "k3") -> jax.Array:
