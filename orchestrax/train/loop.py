@@ -33,6 +33,7 @@ from orchestrax.rollout.base import SamplingParams
 from orchestrax.train import batching, config, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
+from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
 from orchestrax.train.metrics import MetricsLog
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,10 @@ class Trainer:
         self.metrics = MetricsLog(self.out, keep_rows=keep_rows, resume_step=resumed_at)
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
+        # --- sub-agent mode (issue 12): orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
+        self.flow = (FlowRunner(cfg, self.env, self.codec, self.sampler,
+                                make_subagent_sampler(cfg, self.model_cfg, self.state.params),
+                                self.executor) if cfg.agent.mode == "subagent" else None)
         self.pool: EpisodePool | None = None  # rollout.workers > 0: started by _rl
         self._server = None
         self.episode_cfg = EpisodeConfig(
@@ -213,6 +218,8 @@ class Trainer:
         if temperature is not None:
             cfg = dataclasses.replace(cfg, sampling=SamplingParams(
                 temperature=temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
+        if self.flow is not None:  # sub-agent mode
+            return await self.flow.rollout(tasks, group, cfg.sampling)
         jobs = [episodes.EpisodeJob(task=t, episode=cfg) for t in tasks for _ in range(group)]
         if self.pool is not None:
             played = await self.pool.play(jobs)
@@ -260,6 +267,8 @@ class Trainer:
 
     def _make_batch(self, tasks, groups, outcome) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Reward, advantages and filters over [Q, G], then the packed [Q·G, T] batch."""
+        if self.flow is not None:  # sub-agent mode: one row per orchestrator turn (Flow-GRPO)
+            return self.flow.make_batch(tasks, groups, outcome, setup.pad_id(self.codec))
         cfg = self.cfg
         q, g = outcome.shape
         names = [[tool.spec.name for tool in self.env.tools(t)] for t in tasks]
