@@ -28,7 +28,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode, run_episodes
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.pool import EpisodePool
-from orchestrax.agent.testing import scripted_logprob, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import scripted_logprob, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 from orchestrax.tools.base import Pricing, ToolResult, ToolSpec

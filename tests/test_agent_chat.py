@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrax.agent import chat
-from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+from agent_fixtures import qwen3_chat_template
 from orchestrax.tools.base import Pricing, ToolSpec
 
 SEARCH = ToolSpec(name="search", description="Search the local wiki.",
@@ -142,7 +143,7 @@ def test_render_matches_template_on_random_conversations(messages, tools, thinki
 def test_tiny_tokenizer_is_deterministic_saves_and_reloads(tmp_path):
     from transformers import AutoTokenizer
 
-    from orchestrax.agent.testing import QWEN3_ADDED_TOKENS, _build_tokenizer
+    from orchestrax.agent.scripted import QWEN3_ADDED_TOKENS, _build_tokenizer
     tok = tiny_qwen3_tokenizer()
     again = _build_tokenizer.__wrapped__(512)
     assert tok.get_vocab() == again.get_vocab() and len(tok) == 512

@@ -10,7 +10,7 @@ from tokenizers import AddedToken
 
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
-from orchestrax.agent.testing import QWEN3_ADDED_TOKENS, _build_tokenizer, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import QWEN3_ADDED_TOKENS, _build_tokenizer, tiny_qwen3_tokenizer
 
 TOKENIZER = tiny_qwen3_tokenizer()
 CODEC = Codec(TOKENIZER)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from orchestrax.agent.episode import EpisodeConfig, run_episode
-from orchestrax.agent.testing import SleepTool, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+from agent_fixtures import SleepTool
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplingParams
 

@@ -18,7 +18,8 @@ from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser, tagged_blocks
-from orchestrax.agent.testing import ScriptedSampler, SleepTool, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
+from agent_fixtures import SleepTool
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 from orchestrax.tools.base import ToolSpec

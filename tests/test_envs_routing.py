@@ -11,7 +11,7 @@ import pytest
 from orchestrax import rl
 from orchestrax.agent import chat
 from orchestrax.agent.episode import EpisodeConfig, prompt_messages, run_episode
-from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.envs.routing import LookupTool, RoutingConfig, RoutingEnv
 from orchestrax.tools.base import ToolError

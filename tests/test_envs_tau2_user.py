@@ -10,7 +10,7 @@ import pytest
 
 from orchestrax.agent import chat
 from orchestrax.agent.episode import EpisodeConfig, run_episode
-from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.envs import tau2
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError, chat as chat_call
 from orchestrax.envs.tau2.env import Tau2Env

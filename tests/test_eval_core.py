@@ -10,7 +10,7 @@ import json
 import pytest
 
 from orchestrax.agent.episode import EpisodeConfig
-from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.core import at_turn_limit, evaluate
 from orchestrax.eval.main import EvalRun, run_eval, write_outputs
 from orchestrax.eval.metrics import preference_adherence, summarize

@@ -121,7 +121,7 @@ def test_cli_on_a_run_checkpoint_and_its_hf_export(tmp_path):
     """A training run dir (model/config.json + Orbax checkpoints/) and an HF export of the same
     params give the same greedy episodes on the embedded sampler."""
     from orchestrax import models
-    from orchestrax.agent.testing import tiny_qwen3_tokenizer
+    from orchestrax.agent.scripted import tiny_qwen3_tokenizer
     from orchestrax.train.checkpoint import Checkpointer
     from orchestrax.train.setup import write_model_card
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from orchestrax.agent.testing import SleepTool
+from agent_fixtures import SleepTool
 from orchestrax.data import preferences
 from orchestrax.data.instances import InstanceConfig, prepare_instance
 from orchestrax.envs.qa import QAEnv

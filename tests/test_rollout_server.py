@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from orchestrax import models
-from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+from agent_fixtures import qwen3_chat_template
 from orchestrax.rollout import protocol
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler

@@ -11,7 +11,7 @@ import pytest
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.subagent import (FileReadTool, OrchestratorConfig, SubAgentConfig,
                                        build_subagents, run_query, thinking_flags)
-from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.tools.base import Pricing
 from orchestrax.tools.bm25 import BM25

@@ -49,7 +49,8 @@ def tool_for(url, role="generalist", **kw):
 
 def test_against_orchestrax_serve_cost_is_tokens_times_prices():
     from orchestrax import models
-    from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
+    from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+    from agent_fixtures import qwen3_chat_template
     from orchestrax.rollout.embedded import EmbeddedSampler
     from orchestrax.rollout.server import ServerState, bound_port, start
 

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from orchestrax import models
-from orchestrax.agent.testing import tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.train.loop import train
 from test_train_loop import tiny_run
 

@@ -16,8 +16,8 @@ log = logging.getLogger("orchestrax.serve")
 
 def build_state(args: argparse.Namespace) -> ServerState:
     if args.tiny:
-        from orchestrax.agent.testing import qwen3_chat_template, tiny_qwen3_tokenizer
-        tokenizer, template = tiny_qwen3_tokenizer(), qwen3_chat_template()
+        from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+        tokenizer, template = tiny_qwen3_tokenizer(), None  # it carries its own chat template
         cfg = models.tiny_config(vocab_size=len(tokenizer), dtype=args.dtype)
         params = models.init_params(cfg, seed=args.seed)
         model_path, tok_path = "tiny", None

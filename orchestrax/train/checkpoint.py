@@ -1,19 +1,31 @@
-"""Orbax checkpoints of the train state plus a JSON sidecar (data position, RNG, metrics).
+"""Orbax checkpoints of the train state, a JSON sidecar (phase, step, metrics rows) and the data
+stream's position, saved asynchronously and restored from the newest step that is whole.
 
-A crash resumes from the newest complete checkpoint; Orbax writes to a temporary directory and
-renames on commit, so a half-written step is never picked up.
+Crash safety comes in three layers:
+- Orbax writes each step into a temporary directory and renames it on commit, so a save killed
+  half-way (the step loop does not wait for it) leaves no step behind;
+- once a save has committed (checked at the next save and at close) a manifest of every file's
+  size is written into the step; a newest step
+  whose files no longer match it (a truncated data file), or whose JSON metadata does not parse,
+  is named in one log line and moved aside, and the previous step is restored instead;
+- anything else that makes a restore fail is treated the same way.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import pathlib
+import shutil
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
+
+MANIFEST = "orchestrax_manifest.json"  # in the step directory: {relative path: size in bytes}
 
 
 def abstract_like(tree: Any) -> Any:
@@ -23,37 +35,160 @@ def abstract_like(tree: Any) -> Any:
         tree)
 
 
+class CorruptCheckpoint(Exception):
+    """A step directory that is not whole; `file` is the first bad file found."""
+
+    def __init__(self, step: int, file: pathlib.Path, why: str):
+        super().__init__(f"checkpoint step {step} is corrupt: {file}: {why}")
+        self.step, self.file, self.why = step, file, why
+
+
+class _Snapshot:
+    """A grain iterator's state taken when `save` is called: Orbax may run grain's handler on
+    its background thread, after the live iterator has moved on."""
+
+    def __init__(self, iterator: Any):
+        self._state = json.dumps(iterator.get_state()).encode()
+
+    def get_state(self) -> bytes:
+        return self._state
+
+
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, every: int, keep: int = 3):
-        self.every = every
-        self._mngr = ocp.CheckpointManager(
-            os.path.abspath(directory),
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1,
-                                                 create=True))
+        if keep < 2:
+            raise ValueError(f"Checkpointer keep={keep}; must be >= 2 so a corrupt newest step "
+                             "has a previous one to fall back to")
+        self.every, self.keep = every, keep
+        self.directory = pathlib.Path(os.path.abspath(directory))
+        self._pending: int | None = None
+        self._mngr = self._manager()
+
+    def _manager(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=self.keep, save_interval_steps=1, create=True,
+            enable_async_checkpointing=True))
 
     @property
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
 
-    def maybe_save(self, step: int, state: Any, meta: dict[str, Any], *, force: bool = False) -> bool:
+    def maybe_save(self, step: int, state: Any, meta: dict[str, Any], *, data: Any = None,
+                   force: bool = False) -> bool:
+        """Start saving `state`, `meta` (JSON) and the position of grain iterator `data` at
+        `step` every `every` steps (always with `force`); returns without waiting for the write.
+        The device arrays are copied to host before this returns, so `state` may be donated."""
         if step == self.latest_step or (not force and (self.every <= 0 or step % self.every)):
             return False
-        self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      meta=ocp.args.JsonSave(meta)), force=True)
-        self._mngr.wait_until_finished()
-        log.info("checkpoint saved at step %d", step)
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if data is not None:
+            import grain.checkpoint
+            items["data"] = grain.checkpoint.CheckpointSave(_Snapshot(data))
+        self._finish_pending()
+        self._pending = step
+        self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+        log.info("checkpoint of step %d started", step)
         return True
 
-    def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-        """Restore onto the shardings of `like_state` (which may differ from the saved ones)."""
-        step = self.latest_step if step is None else step
-        if step is None:
-            raise FileNotFoundError("no checkpoint to restore")
-        out = self._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_like(like_state)),
-            meta=ocp.args.JsonRestore()))
-        log.info("restored checkpoint of step %d", step)
-        return out["state"], out["meta"]
+    def restore(self, like_state: Any, step: int | None = None, *,
+                data: Any = None) -> tuple[Any, dict[str, Any]]:
+        """Restore onto the shardings of `like_state` (which may differ from the saved ones) and,
+        when given, set grain iterator `data` to its saved position. Without `step`, the newest
+        whole step: corrupt ones are logged, moved aside and skipped."""
+        steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
+        for s in steps:
+            try:
+                self._verify(s)
+                out = self._restore(s, like_state, data)
+            except Exception as e:  # noqa: BLE001 -- any unreadable step falls back the same way
+                if step is not None:
+                    raise
+                bad = e if isinstance(e, CorruptCheckpoint) else CorruptCheckpoint(
+                    s, self.directory / str(s), f"{type(e).__name__}: {_first_line(e)}")
+                self._quarantine(bad)
+                continue
+            log.info("restored checkpoint of step %d", s)
+            return out["state"], out["meta"]
+        raise FileNotFoundError(f"no whole checkpoint left in {self.directory} (all of steps "
+                                f"{steps} were corrupt; they are in {self._attic()})")
+
+    def _restore(self, step: int, like_state: Any, data: Any) -> dict[str, Any]:
+        items = {"state": ocp.args.StandardRestore(abstract_like(like_state)),
+                 "meta": ocp.args.JsonRestore()}
+        if data is not None and not (self.directory / str(step) / "data").is_dir():
+            log.warning("checkpoint step %d has no data-stream position (saved before streams "
+                        "were checkpointed); the stream starts from its beginning", step)
+        elif data is not None:
+            import grain.checkpoint
+            items["data"] = grain.checkpoint.CheckpointRestore(data)
+        return self._mngr.restore(step, args=ocp.args.Composite(**items))
+
+    def _verify(self, step: int) -> None:
+        """Raise CorruptCheckpoint naming the first file that is missing, of the wrong size, or
+        (for Orbax's small JSON metadata files) not JSON. Steps saved before manifests existed
+        have only their JSON checked."""
+        root = self.directory / str(step)
+        manifest = root / MANIFEST
+        if manifest.is_file():
+            try:
+                sizes = json.loads(manifest.read_text())
+            except json.JSONDecodeError as e:
+                raise CorruptCheckpoint(step, manifest, f"not JSON ({e.msg})") from None
+            for rel, size in sizes.items():
+                path = root / rel
+                if not path.is_file():
+                    raise CorruptCheckpoint(step, path, "missing")
+                if path.stat().st_size != size:
+                    raise CorruptCheckpoint(step, path, f"{path.stat().st_size} bytes, "
+                                                        f"{size} when saved (truncated?)")
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and (path.name in ("_METADATA", "_CHECKPOINT_METADATA")
+                                   or path.parent.name == "meta" and path.name == "metadata"):
+                try:
+                    json.loads(path.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise CorruptCheckpoint(step, path, f"not JSON ({e})") from None
+
+    def _finish_pending(self) -> None:
+        """Wait for the save in flight to commit, then write its manifest (a step killed before
+        this has no manifest; it is checked by its JSON and by restoring it)."""
+        self._mngr.wait_until_finished()
+        step, self._pending = self._pending, None
+        root = self.directory / str(step)
+        if step is None or not root.is_dir() or jax.process_index() != 0:
+            return
+        sizes = {str(p.relative_to(root)): p.stat().st_size
+                 for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+        tmp = root / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(sizes, indent=0))
+        tmp.rename(root / MANIFEST)  # a manifest is whole or absent
+        log.info("checkpoint of step %d committed", step)
+
+    def _attic(self) -> pathlib.Path:
+        return self.directory.with_name(self.directory.name + ".corrupt")
+
+    def _quarantine(self, bad: CorruptCheckpoint) -> None:
+        """One log line, then move the step out of Orbax's view (kept for inspection), so the
+        run can save that step number again."""
+        log.warning("checkpoint step %d is corrupt (%s: %s); falling back to the previous step",
+                    bad.step, bad.file, bad.why)
+        if jax.process_index() == 0:
+            attic = self._attic()
+            attic.mkdir(exist_ok=True)
+            target = attic / str(bad.step)
+            if target.exists():
+                shutil.rmtree(target)
+            (self.directory / str(bad.step)).rename(target)
+        self._mngr.reload()
 
     def close(self) -> None:
+        """Wait for the last save to commit, then release Orbax's threads."""
+        self._finish_pending()
         self._mngr.close()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""

@@ -13,7 +13,7 @@ import numpy as np
 
 from orchestrax import models
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
-from orchestrax.agent.testing import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.train.config import TrainConfig

@@ -1,0 +1,59 @@
+"""The RL task stream: which task indices each step trains on, as a grain pipeline.
+
+Each process takes a disjoint shard of the task indices (`index % process_count ==
+process_index`), reshuffles it every epoch, and cuts each epoch into steps of `per_step` tasks.
+An epoch's remainder (fewer than `per_step` tasks) is skipped rather than topped up from the next
+epoch, so no step ever holds a task twice; the reshuffle makes a different remainder each epoch.
+The stream is a random-access grain `MapDataset`, so its iterator's position is one integer,
+saved in the Orbax checkpoint and restored exactly.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import grain
+import numpy as np
+
+
+class EpochSteps(grain.MapDataset):
+    """Step i -> int64 [per_step] indices into `shard`: epoch i // steps_per_epoch of the
+    per-epoch shuffle of `shard`, its (i % steps_per_epoch)-th slice of `per_step`."""
+
+    def __init__(self, shard: grain.MapDataset, per_step: int, seed: int):
+        super().__init__(shard)
+        self._shard_len = len(shard)
+        self._per_step = per_step
+        self._steps_per_epoch = self._shard_len // per_step
+        self._shuffled = shard.shuffle(seed=seed).repeat()  # reshuffled every epoch
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __str__(self) -> str:
+        return f"EpochSteps(per_step={self._per_step}, shard={self._shard_len})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        epoch, k = divmod(index, self._steps_per_epoch)
+        start = epoch * self._shard_len + k * self._per_step
+        return np.asarray([self._shuffled[start + j] for j in range(self._per_step)], np.int64)
+
+
+def task_stream(num_tasks: int, tasks_per_step: int, *, seed: int, process_index: int = 0,
+                process_count: int = 1) -> grain.MapDataset:
+    """Per-step task indices for this process: `tasks_per_step / process_count` of them."""
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index}, process_count={process_count}; need "
+                         "0 <= process_index < process_count")
+    if tasks_per_step % process_count:
+        raise ValueError(f"rollout.tasks_per_step={tasks_per_step} does not split evenly over "
+                         f"{process_count} processes; use a multiple of {process_count}")
+    per_step = tasks_per_step // process_count
+    shard = grain.MapDataset.range(num_tasks)[process_index::process_count]
+    if not 1 <= per_step <= len(shard):
+        raise ValueError(f"rollout.tasks_per_step={tasks_per_step}: {per_step} per process, but "
+                         f"process {process_index}'s shard has {len(shard)} of the {num_tasks} "
+                         "tasks; a step takes each task at most once")
+    return EpochSteps(shard, per_step, seed)

@@ -1,0 +1,52 @@
+"""Where a run's metrics go: `metrics.jsonl` (one row per line, the record of truth) and
+TensorBoard event files in `tensorboard/` next to it.
+
+A resumed run re-runs the steps after its checkpoint, so rows written after that checkpoint are
+cut from the JSONL file (the checkpoint stores how many rows it had) and TensorBoard is told to
+hide events from those steps (`purge_step`); every step appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLog:
+    def __init__(self, out_dir: pathlib.Path, *, keep_rows: int, resume_step: int | None):
+        """Keep the first `keep_rows` rows of an existing metrics.jsonl; `resume_step` is the
+        global step of the restored checkpoint (None on a fresh start)."""
+        from tensorboardX import SummaryWriter
+
+        self.path = out_dir / "metrics.jsonl"
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        if len(lines) > keep_rows:
+            log.info("dropping %d metrics rows written after the checkpoint (they are re-run)",
+                     len(lines) - keep_rows)
+        lines = lines[:keep_rows]
+        self.path.write_text("".join(line + "\n" for line in lines))
+        self.rows = len(lines)
+        purge = None if resume_step is None else resume_step + 1
+        self._tb = SummaryWriter(logdir=str(out_dir / "tensorboard"), purge_step=purge,
+                                 flush_secs=30)
+
+    def write(self, row: dict[str, Any], global_step: int) -> dict[str, Any]:
+        """Append `row` (it must carry "phase") and send its numbers to TensorBoard as
+        `<phase>/<key>` at `global_step`."""
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.rows += 1
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                self._tb.add_scalar(f"{row['phase']}/{key}", value, global_step)
+        return row
+
+    def read(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def close(self) -> None:
+        self._tb.close()
