@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     catalog, routing = _catalog(args.config, args.sheet)
     options = TaskSetOptions(
         split=args.split, limit=args.limit, grader=args.grader, tools=catalog, routing=routing,
+        preferences=not args.no_preferences, seed=args.seed,
         judge=_endpoint(args.judge_url, args.judge_model, args.judge_key_env, "judge"),
         tau2_user=_endpoint(args.user_url, args.user_model, args.user_key_env, "user"))
     pricing = None
@@ -209,6 +210,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user-model")
     p.add_argument("--user-key-env")
     p.add_argument("--baseline", help="an earlier eval.json: preference adherence against it")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampler seed and the seed of each task's preference draw")
+    p.add_argument("--no-preferences", action="store_true",
+                   help="no preference instruction for tasks that have none")
     p.add_argument("--out", default="runs/eval")
     p.add_argument("--no-progress", action="store_true")

@@ -2,7 +2,8 @@
 path to a JSONL file in one of the QA shapes (HLE, GPQA, GAIA supplied by the user).
 
 Default splits: the routing environment's eval split, tau2's test split, and every row of a QA
-file (the shipped QA files are evaluation sets; pass `split` to change it).
+file (the shipped QA files are evaluation sets; pass `split` to change it). Every task gets a
+preference and its instruction from the evaluation pool unless it has its own (routing).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import os
 import pathlib
 from typing import Any, Mapping
 
+from orchestrax.data.instances import InstanceConfig, prepare_instance
 from orchestrax.eval.core import TaskSet
 from orchestrax.tools.base import Tool
 from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.tools.randomize import instance_seed
 
 QA_FILES = {"frames": "frames_824.jsonl", "musique": "musique_500.jsonl",
             "bamboogle": "bamboogle_125.jsonl", "aime": "aime_2024_2025.jsonl"}
@@ -36,6 +39,10 @@ class TaskSetOptions:
     tau2_user: ChatEndpoint | None = None     # the simulated tau2 user
     tools: Mapping[str, Tool] | None = None   # the orchestrator's tool catalog (QA tasks)
     routing: tuple[tuple[str, Any], ...] = () # RoutingConfig fields
+    # Tasks without a preference get one from the evaluation pool (Pairs_eval), seeded by
+    # (seed, task id) so every policy measured with the same seed gets the same P per task.
+    preferences: bool = True
+    seed: int = 0
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
@@ -72,4 +79,7 @@ def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet
         tasks = tasks[:opts.limit]
     if not tasks:
         raise ValueError(f"task set {name!r} split {opts.split or split!r} has no tasks")
+    if opts.preferences:
+        tasks = [prepare_instance(t, env, split="eval", seed=instance_seed(opts.seed, t.task_id),
+                                  config=InstanceConfig()) for t in tasks]
     return TaskSet(name=label, env=env, tasks=list(tasks))

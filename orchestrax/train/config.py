@@ -16,6 +16,8 @@ from orchestrax.models import ModelConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.flow import AgentConfig  # sub-agent mode (issue 12)
+from orchestrax.data.instances import InstanceConfig  # per-instance tools, pricing, P (issue 10)
+from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train.validate import check_fields
 
 BACKENDS = ("embedded", "sglang")
@@ -90,9 +92,25 @@ class TrainConfig:
     init_from: str | None = None
     # "direct" episodes, or the orchestrator + sub-agents trained with Flow-GRPO (train/flow.py)
     agent: AgentConfig = AgentConfig()
+    # --- issue 10: the orchestrator's tool set and what each instance randomises -------------
+    # Tools for QA and tau2 tasks (basic tools, LLM tools, pricing sheet), built by
+    # tools.catalog.build_catalog for training and `orchestrax eval --config` alike; None: none.
+    tools: CatalogConfig | None = None
+    # Per training instance: a tool subset and training sheet (instances.randomize) and P with
+    # its instruction from Pairs_train for tasks that have none.
+    instances: InstanceConfig = InstanceConfig()
 
     def __post_init__(self):
         check_fields(self)  # types first: the range checks below assume them
+        if self.tools is not None and self.env == "routing":
+            raise ValueError("TrainConfig.tools is for env 'qa' and 'tau2'; the routing env "
+                             "brings its own lookup tools")
+        if self.tools is not None:
+            from orchestrax.tools.sheets import load_sheet
+            if load_sheet(self.tools.sheet).split != "train":
+                raise ValueError(f"TrainConfig.tools.sheet={self.tools.sheet!r} is a held-out "
+                                 "evaluation sheet; train on a training sheet")
+        # --- end issue 10 ------------------------------------------------------------------
         if (self.model is None) == (self.hf_path is None):
             raise ValueError("TrainConfig: set exactly one of model (random init) or hf_path "
                              f"(model={'set' if self.model else None}, hf_path={self.hf_path!r})")

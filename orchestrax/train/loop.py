@@ -26,10 +26,12 @@ from orchestrax import models, parallel, rl
 from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
+from orchestrax.data.instances import prepare_instance  # issue 10: per-instance tools and P
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.data.tasks import task_stream
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
+from orchestrax.tools.randomize import instance_seed
 from orchestrax.train import batching, config, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
@@ -49,7 +51,10 @@ class Trainer:
         config.check_paths(cfg)
         self.env: Environment = setup.make_env(cfg)
         self.train_tasks: Sequence[Task] = self.env.tasks("train")
-        self.eval_tasks: Sequence[Task] = self.env.tasks("eval")
+        # issue 10: eval instances draw P from Pairs_eval, once per task (same every eval)
+        self.eval_tasks: Sequence[Task] = [
+            prepare_instance(t, self.env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
+                             config=cfg.instances) for t in self.env.tasks("eval")]
         config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
         self.mesh = parallel.make_mesh(cfg.mesh)
         self.tokenizer = setup.load_tokenizer(cfg.tokenizer)
@@ -168,7 +173,11 @@ class Trainer:
             history.append(self._log(await self._evaluate()))
         while self.step < cfg.steps:
             t0 = time.perf_counter()
-            tasks = [self.train_tasks[i] for i in next(self.task_ids)]
+            # issue 10: each instance its own tool subset, sheet and P (Pairs_train), seeded
+            tasks = [prepare_instance(self.train_tasks[i], self.env, split="train",
+                                      seed=instance_seed(cfg.seed, self.train_tasks[i].task_id,
+                                                         self.step), config=cfg.instances)
+                     for i in next(self.task_ids)]
             groups, outcome = await self._rollout(tasks, cfg.rollout.group_size)
             t_roll = time.perf_counter() - t0
             batch, stats = self._make_batch(tasks, groups, outcome)
@@ -280,9 +289,10 @@ class Trainer:
         for i, (task, group) in enumerate(zip(tasks, groups)):
             c, cost[i], latency[i] = rl.features_from_trajectories(group, names[i])
             counts[i, :, :len(names[i])] = c
-            # A task without a preference vector is scored on its outcome alone.
-            p = (np.asarray(task.preference, np.float32) if task.preference is not None
-                 else np.array([0.0] * len(names[i]) + [1.0, 0.0, 0.0], np.float32))
+            if task.preference is None:  # issue 10: no silent outcome-only fallback
+                raise ValueError(f"task {task.task_id!r} has no preference vector; keep "
+                                 "TrainConfig.instances.preferences=True or give tasks their P")
+            p = np.asarray(task.preference, np.float32)
             pref[i, :len(names[i])], pref[i, width:] = p[:-3], p[-3:]
         fmt = np.array([[tr.format_errors for tr in gr] for gr in groups], np.int32)
         answered = np.array([[tr.final_answer is not None for tr in gr] for gr in groups])

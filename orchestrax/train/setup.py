@@ -68,9 +68,17 @@ def make_env(cfg: TrainConfig) -> Environment:
         user = kwargs.pop("user_url", None)
         endpoint = ChatEndpoint(base_url=user, model=kwargs.pop("user_model", "default"),
                                 api_key_env=kwargs.pop("user_api_key_env", None)) if user else None
-        return tau2.Tau2Env(domain, user_endpoint=endpoint, **kwargs)
+        return tau2.Tau2Env(domain, user_endpoint=endpoint, tools=make_catalog(cfg), **kwargs)
     from orchestrax.envs import qa
-    return qa.QAEnv(**kwargs)
+    return qa.QAEnv(tools=make_catalog(cfg), **kwargs)
+
+
+def make_catalog(cfg: TrainConfig):
+    """The orchestrator's tools named by `cfg.tools` (issue 10), or None."""
+    if cfg.tools is None:
+        return None
+    from orchestrax.tools.catalog import build_catalog
+    return build_catalog(cfg.tools)
 
 
 def make_sampler(cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any):
