@@ -6,10 +6,10 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from agent_fixtures import qwen3_chat_template
 
 from orchestrax.agent import chat
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-from agent_fixtures import qwen3_chat_template
 from orchestrax.tools.base import Pricing, ToolSpec
 
 SEARCH = ToolSpec(name="search", description="Search the local wiki.",
@@ -78,6 +78,20 @@ def test_render_matches_qwen3_template(name, tools, thinking, training):
         assert ours == ref
 
 
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("tools", [(), (SEARCH, PYTHON)], ids=["no_tools", "tools"])
+@pytest.mark.parametrize("thinking", [True, False])
+def test_tiny_tokenizer_template_renders_like_ours(name, tools, thinking):
+    """`orchestrax serve --tiny` renders chat requests with the tiny tokenizer's own template."""
+    tok = tiny_qwen3_tokenizer()
+    schemas = [chat.tool_schema(t) for t in tools] or None
+    for gen in (False, True):
+        ours = chat.render_messages(CONVERSATIONS[name], tools=tools, add_generation_prompt=gen,
+                                    enable_thinking=thinking)
+        assert tok.apply_chat_template(CONVERSATIONS[name], tools=schemas, tokenize=False,
+                                       add_generation_prompt=gen, enable_thinking=thinking) == ours
+
+
 def test_thinking_off_generation_prompt_has_empty_think_block():
     out = chat.render_messages([{"role": "user", "content": "x"}], add_generation_prompt=True,
                                enable_thinking=False)
@@ -138,15 +152,20 @@ def test_render_matches_template_on_random_conversations(messages, tools, thinki
     ref = hf_render(messages, tools=tools, training=training, add_generation_prompt=True,
                     enable_thinking=thinking)
     assert ours == ref
+    if not training:
+        own = tiny_qwen3_tokenizer().apply_chat_template(
+            messages, tools=[chat.tool_schema(t) for t in tools] or None, tokenize=False,
+            add_generation_prompt=True, enable_thinking=thinking)
+        assert own == ours
 
 
 def test_tiny_tokenizer_is_deterministic_saves_and_reloads(tmp_path):
     from transformers import AutoTokenizer
 
-    from orchestrax.agent.scripted import QWEN3_ADDED_TOKENS, _build_tokenizer
+    from orchestrax.agent.scripted import QWEN3_ADDED_TOKENS, _build
     tok = tiny_qwen3_tokenizer()
-    again = _build_tokenizer.__wrapped__(512)
-    assert tok.get_vocab() == again.get_vocab() and len(tok) == 512
+    again = _build.__wrapped__(512)
+    assert tok.get_vocab() == again.get_vocab(with_added_tokens=True) and len(tok) == 512
     text = chat.render_messages(CONVERSATIONS["tool_episode"], tools=[SEARCH])
     ids = tok.encode(text, add_special_tokens=False)
     for piece, _ in QWEN3_ADDED_TOKENS[1:]:

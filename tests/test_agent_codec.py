@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 from hypothesis import given, settings
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Tokenizer
 
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
-from orchestrax.agent.scripted import QWEN3_ADDED_TOKENS, _build_tokenizer, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import QWEN3_ADDED_TOKENS, tiny_qwen3_tokenizer, tiny_tokenizer
 
 TOKENIZER = tiny_qwen3_tokenizer()
 CODEC = Codec(TOKENIZER)
@@ -21,6 +21,12 @@ ATOMS = [t for t, _ in QWEN3_ADDED_TOKENS] + [
 
 def _reference(text: str) -> list[int]:
     return TOKENIZER.encode(text, add_special_tokens=False)
+
+
+def test_a_bare_tokenizer_gives_the_same_codec():
+    bare = Codec(tiny_tokenizer())
+    text = chat.tool_response_delta(["Paris é 42", "<|im_end|>"])
+    assert bare.encode(text) == CODEC.encode(text) and bare.stop_ids == CODEC.stop_ids
 
 
 def test_codec_uses_the_split_path_for_qwen3_tokens():
@@ -45,8 +51,7 @@ def test_continuation_blocks_equal_the_tokenizer(observations, thinking):
 
 
 def test_added_tokens_with_neighbour_rules_fall_back_to_the_plain_path():
-    tok = _build_tokenizer(512).backend_tokenizer.__class__.from_str(
-        _build_tokenizer(512).backend_tokenizer.to_str())
+    tok = Tokenizer.from_str(tiny_tokenizer(512).to_str())
     tok.add_tokens([AddedToken("<tool_call>", rstrip=True, normalized=False)])
     codec = Codec(tok)
     assert codec._split is None

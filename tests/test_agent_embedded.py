@@ -5,10 +5,10 @@ import asyncio
 
 import numpy as np
 import pytest
+from agent_fixtures import SleepTool
 
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-from agent_fixtures import SleepTool
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplingParams
 

@@ -3,13 +3,13 @@
 import asyncio
 
 import pytest
+from agent_fixtures import SleepTool, qwen3_chat_template
 
 from orchestrax.agent import chat
 from orchestrax.agent.episode import (Codec, EpisodeConfig, UserReply, prompt_messages,
                                       run_episode, run_episodes)
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.scripted import ScriptedSampler, scripted_logprob, tiny_qwen3_tokenizer
-from agent_fixtures import SleepTool, qwen3_chat_template
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 

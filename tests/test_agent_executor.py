@@ -3,9 +3,9 @@
 import asyncio
 
 import pytest
+from agent_fixtures import SleepTool
 
 from orchestrax.agent.executor import ExecutorConfig, TokenBucket, ToolExecutor, ToolLimits
-from agent_fixtures import SleepTool
 
 FAST = ToolLimits(timeout_s=5.0, max_attempts=3, backoff_s=0.01, backoff_max_s=0.02)
 EPS = 1e-3  # asyncio may wake a timer up to one clock tick early

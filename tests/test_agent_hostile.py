@@ -12,6 +12,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from agent_fixtures import SleepTool
 
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
@@ -19,7 +20,6 @@ from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser, tagged_blocks
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
-from agent_fixtures import SleepTool
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 from orchestrax.tools.base import ToolSpec

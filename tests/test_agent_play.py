@@ -8,13 +8,13 @@ import asyncio
 
 import numpy as np
 import pytest
+from agent_fixtures import SleepTool
 
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, UserReply
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
-from agent_fixtures import SleepTool
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.train import episodes

@@ -10,11 +10,11 @@ import os
 import pathlib
 
 import pytest
+from agent_fixtures import SleepTool
 
 from orchestrax.agent.episode import EpisodeConfig, run_episode, run_episodes
 from orchestrax.agent.pool import EpisodePool, WorkerError
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
-from agent_fixtures import SleepTool
 from orchestrax.data.records import Task
 
 TURNS = ('<tool_call>\n{"name": "fast", "arguments": {}}\n</tool_call>',

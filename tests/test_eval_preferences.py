@@ -3,8 +3,8 @@
 import dataclasses
 
 import pytest
-
 from agent_fixtures import SleepTool
+
 from orchestrax.data import preferences
 from orchestrax.data.instances import InstanceConfig, prepare_instance
 from orchestrax.envs.qa import QAEnv

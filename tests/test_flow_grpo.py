@@ -11,7 +11,7 @@ import pytest
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.subagent import FileReadTool, OrchestratorConfig, build_subagents, run_query
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
-from orchestrax.envs.base import Task
+from orchestrax.data.records import Task
 from orchestrax.rl import GRPOConfig
 from orchestrax.train.flow import AgentConfig, flow_batch, preferences
 

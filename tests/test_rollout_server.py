@@ -6,10 +6,10 @@ import json
 import aiohttp
 import numpy as np
 import pytest
+from agent_fixtures import qwen3_chat_template
 
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-from agent_fixtures import qwen3_chat_template
 from orchestrax.rollout import protocol
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler

@@ -58,14 +58,17 @@ async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolE
 
 class EpisodePlayer:
     """Runs in each `EpisodePool` worker: the run's environment and tokenizer, rebuilt from its
-    config, and an SGLang client for the sampler at `sampler_urls`."""
+    config, and an SGLang client for the sampler at `sampler_urls`. The tokenizer is loaded with
+    the `tokenizers` library alone: a worker never imports transformers (nor torch through it),
+    which took most of a worker's start-up."""
 
     def __init__(self, cfg: Any, sampler_urls: tuple[str, ...]):
+        from orchestrax.agent.scripted import load_codec
         from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
         from orchestrax.train import setup
 
         self.env = setup.make_env(cfg)
-        self.codec = Codec(setup.load_tokenizer(cfg.tokenizer))
+        self.codec = load_codec(cfg.tokenizer)
         self.sampler = SGLangClient(SGLangClientConfig(urls=sampler_urls))
         self.executor: ToolExecutor | None = None
 
