@@ -206,3 +206,55 @@ def test_features_from_trajectories():
     np.testing.assert_array_equal(counts, [[2, 1], [0, 0]])
     np.testing.assert_allclose(cost, [0.52, 0.0], rtol=1e-6)
     np.testing.assert_allclose(lat, [10.0, 0.0], rtol=1e-6)   # a turn costs its slowest call
+
+
+def traj(*names, answer="42", cost=0.0):
+    """A trajectory with one turn per tool call in `names`, each call costing `cost`."""
+    return Trajectory(task_id="t", final_answer=answer, turns=[
+        TurnRecord(text="", tool_calls=[ToolCallRecord(name=n, arguments={}, observation="",
+                                                       cost=cost)]) for n in names])
+
+
+def test_batch_scope_aligns_tool_counts_by_name():
+    """Task A offers (search, llm), task B only (llm): column 0 must be `search` in every row.
+    By name: search calls [2, 0 | 0, 0] -> [1, 0 | 0, 0]; llm calls [0, 1 | 4, 0] -> [0, .25 |
+    1, 0]. A prefers search, B prefers llm: R = [[1, 0], [1, 0]]. Padding by position put B's
+    llm counts in A's search column: A's 2 searches were scaled by B's 4 llm calls, R_A0 = 0.5."""
+    groups = [[traj("search", "search"), traj("llm")], [traj(*["llm"] * 4), traj()]]
+    names = [["search", "llm"], ["llm"]]
+    prefs = [[1.0, 0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    f = rl.group_features(groups, names, prefs)
+    assert f.tool_names == ("search", "llm")
+    np.testing.assert_array_equal(f.counts_QGN, [[[2, 0], [0, 1]], [[0, 4], [0, 0]]])
+    np.testing.assert_array_equal(f.preference_QF, [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0]])
+    outcome = np.ones((2, 2))
+    R = rl.toolorchestra_reward(f.counts_QGN, outcome, f.cost_QG, f.latency_QG, f.preference_QF,
+                                scope="batch")
+    np.testing.assert_allclose(np.asarray(R), [[1.0, 0.0], [1.0, 0.0]], atol=1e-6)
+    by_position = rl.toolorchestra_reward(np.array([[[2, 0], [0, 1]], [[4, 0], [0, 0]]]),
+                                          outcome, f.cost_QG, f.latency_QG,
+                                          np.array([[1, 0, 0, 0, 0], [1, 0, 0, 0, 0]], float),
+                                          scope="batch")
+    np.testing.assert_allclose(np.asarray(by_position), [[0.5, 0.0], [1.0, 0.0]], atol=1e-6)
+    # The order a task lists its tools in is irrelevant once columns are names.
+    g = rl.group_features(groups, [["llm", "search"], ["llm"]],
+                          [[0.0, 1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    R2 = rl.toolorchestra_reward(g.counts_QGN, outcome, g.cost_QG, g.latency_QG,
+                                 g.preference_QF, scope="batch")
+    np.testing.assert_allclose(np.asarray(R2), np.asarray(R), atol=1e-6)
+
+
+def test_group_features_outcome_cost_and_bad_inputs():
+    f = rl.group_features([[traj("a", cost=0.5), traj("a", "b", cost=0.25)]], [["a", "b"]],
+                          [[0.0, 0.0, 1.0, 0.5, 0.0]])
+    np.testing.assert_allclose(f.cost_QG, [[0.5, 0.5]])
+    np.testing.assert_array_equal(f.counts_QGN, [[[1, 0], [1, 1]]])
+    with pytest.raises(ValueError, match=r"preferences\[0\] has 4 entries; task 0 has 2 tools, "
+                                         r"so it needs 5"):
+        rl.group_features([[traj()]], [["a", "b"]], [[0.0, 1.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match=r"preferences\[1\] is None"):
+        rl.group_features([[traj()], [traj()]], [["a"], ["a"]], [[0.0, 1.0, 0.0, 0.0], None])
+    with pytest.raises(ValueError, match="every group must hold G=2"):
+        rl.group_features([[traj(), traj()], [traj()]], [[], []], [[1.0, 0, 0], [1.0, 0, 0]])
+    with pytest.raises(ValueError, match="tool_names has duplicates"):
+        rl.group_features([[traj()]], [["a", "a"]], [[0.0] * 5])

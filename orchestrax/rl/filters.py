@@ -13,6 +13,12 @@ import jax.numpy as jnp
 from orchestrax.rl.advantages import group_mean_std
 
 
+def has_final_answer(answer: str | None) -> bool:
+    """An answer counts when it has a non-blank character; an empty or whitespace-only final
+    answer is no answer (the paper filters both)."""
+    return answer is not None and answer.strip() != ""
+
+
 @jax.jit
 def homogeneity_mask(R: jax.Array, min_std: float = 0.1, mask: jax.Array | None = None
                      ) -> jax.Array:

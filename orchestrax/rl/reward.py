@@ -10,7 +10,7 @@ latency units (dollars/cents, seconds/minutes) do not matter.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -105,7 +105,8 @@ def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence
                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(counts [n,N] int32, cost [n] dollars, latency [n] seconds) from agent Trajectories.
 
-    Calls to names outside `tool_names` are not counted (the agent records them as format errors).
+    Column i counts calls to `tool_names[i]`; calls to other names are not counted (the agent
+    records them as format errors).
     """
     index = {name: i for i, name in enumerate(tool_names)}
     if len(index) != len(tool_names):
@@ -118,3 +119,52 @@ def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence
     cost = np.array([t.cost for t in trajectories], np.float32)
     latency = np.array([t.latency for t in trajectories], np.float32)
     return counts, cost, latency
+
+
+class GroupFeatures(NamedTuple):
+    """Reward inputs of Q groups of G trajectories, tool columns aligned by name."""
+    tool_names: tuple[str, ...]     # the N count columns: every task's tools, first seen first
+    counts_QGN: np.ndarray          # int32 calls per tool
+    cost_QG: np.ndarray             # float32 dollars
+    latency_QG: np.ndarray          # float32 seconds
+    preference_QF: np.ndarray       # float32 [Q, N+3]: (tools…, outcome, compute, latency)
+
+
+def group_features(groups: Sequence[Sequence[Any]], tool_names: Sequence[Sequence[str]],
+                   preferences: Sequence[Sequence[float]]) -> GroupFeatures:
+    """Features of each task's group over the union of the tasks' tools, one column per tool
+    name. With per-instance tool subsets, column j must mean the same tool in every row, or
+    `reward_scope="batch"` min–maxes one tool's calls against another's.
+
+    tool_names[q] lists task q's tools; preferences[q] is ordered (those tools…, outcome,
+    compute, latency). A tool task q lacks gets count 0 and preference 0 in q's rows.
+    """
+    Q = len(groups)
+    if not (len(tool_names) == len(preferences) == Q):
+        raise ValueError(f"groups, tool_names and preferences must have one entry per task; got "
+                         f"{Q}, {len(tool_names)}, {len(preferences)}")
+    G = len(groups[0]) if Q else 0
+    if any(len(g) != G for g in groups):
+        raise ValueError(f"every group must hold G={G} trajectories; got sizes "
+                         f"{[len(g) for g in groups]}")
+    columns = tuple(dict.fromkeys(name for names in tool_names for name in names))
+    col = {name: j for j, name in enumerate(columns)}
+    N = len(columns)
+    counts = np.zeros((Q, G, N), np.int32)
+    cost = np.zeros((Q, G), np.float32)
+    latency = np.zeros((Q, G), np.float32)
+    pref = np.zeros((Q, N + 3), np.float32)
+    for q, (group, names, p) in enumerate(zip(groups, tool_names, preferences)):
+        idx = [col[name] for name in names]
+        c, cost[q], latency[q] = features_from_trajectories(group, names)
+        counts[q][:, idx] = c
+        if p is None:
+            raise ValueError(f"preferences[{q}] is None; every task needs its preference vector "
+                             f"(for outcome only: zeros for its {len(names)} tools, then 1, 0, 0)")
+        if len(p) != len(names) + 3:
+            raise ValueError(f"preferences[{q}] has {len(p)} entries; task {q} has {len(names)} "
+                             f"tools, so it needs {len(names) + 3} (tools…, outcome, compute, "
+                             f"latency)")
+        pref[q, idx] = p[:len(names)]
+        pref[q, N:] = p[len(names):]
+    return GroupFeatures(columns, counts, cost, latency, pref)

@@ -1,0 +1,55 @@
+"""One RL step's groups of trajectories -> rewards, filters and advantages, all [Q, G].
+
+The composition the trainer runs after verification: features aligned by tool name, the
+ToolOrchestra reward over the valid members of each scope, the paper's filters (format errors,
+no final answer, homogeneous groups) and group advantages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from orchestrax.rl.advantages import compute_advantages
+from orchestrax.rl.config import GRPOConfig
+from orchestrax.rl.filters import has_final_answer, sample_mask
+from orchestrax.rl.reward import GroupFeatures, group_features, toolorchestra_reward
+
+
+class GroupScores(NamedTuple):
+    features: GroupFeatures
+    format_errors_QG: np.ndarray    # int32 malformed turns per trajectory
+    valid_QG: np.ndarray            # bool: no format error and a non-empty final answer
+    reward_QG: np.ndarray           # float32, 0 where wrong or not valid
+    keep_QG: np.ndarray             # bool: valid and in a group whose reward std ≥ min_group_std
+    advantages_QG: np.ndarray       # float32, 0 where not valid
+    counters: dict[str, float]      # filter/* counts for metrics
+
+
+def score_groups(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
+                 tool_names: Sequence[Sequence[str]],
+                 preferences: Sequence[Sequence[float]], gcfg: GRPOConfig) -> GroupScores:
+    """Rewards, filters and advantages of Q groups of G trajectories.
+
+    outcome_QG: 1 where the verifier accepted the trajectory, else 0. tool_names[q] and
+    preferences[q] as in `group_features`. Trajectories need `tool_calls`, `cost`, `latency`,
+    `format_errors` and `final_answer`.
+    """
+    outcome_QG = np.asarray(outcome_QG, np.float32)
+    if outcome_QG.shape != (len(groups), len(groups[0]) if groups else 0):
+        raise ValueError(f"outcome_QG has shape {outcome_QG.shape}; the groups are "
+                         f"{len(groups)} × {[len(g) for g in groups]}")
+    feats = group_features(groups, tool_names, preferences)
+    fmt = np.array([[tr.format_errors for tr in gr] for gr in groups], np.int32)
+    answered = np.array([[has_final_answer(tr.final_answer) for tr in gr] for gr in groups])
+    valid = (fmt == 0) & answered
+    R = toolorchestra_reward(feats.counts_QGN, outcome_QG, feats.cost_QG, feats.latency_QG,
+                             feats.preference_QF, scope=gcfg.reward_scope, valid=valid)
+    keep, counters = sample_mask(R, format_errors=fmt, has_answer=answered,
+                                 min_std=gcfg.min_group_std)
+    A = compute_advantages(R, gcfg.adv_estimator, eps=gcfg.adv_eps, ddof=gcfg.adv_ddof,
+                           clip=gcfg.adv_clip, mask=valid)
+    return GroupScores(feats, fmt, valid, np.asarray(R, np.float32), np.asarray(keep, bool),
+                       np.asarray(A, np.float32),
+                       {k: float(np.asarray(v)) for k, v in counters.items()})

@@ -1,0 +1,55 @@
+"""score_groups: the trainer's reward -> filters -> advantages composition on hand-worked groups."""
+
+import numpy as np
+import pytest
+
+from orchestrax import rl
+from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
+
+OUTCOME_ONLY = [0.0, 1.0, 0.0, 0.0]         # one tool, then (outcome, compute, latency)
+
+
+def traj(answer, *, calls=(), format_error=None):
+    turns = [TurnRecord(text="", tool_calls=[ToolCallRecord(name=n, arguments={}, observation="")
+                                             for n in calls], format_error=format_error)]
+    return Trajectory(task_id="t", final_answer=answer, turns=turns)
+
+
+def test_empty_final_answer_is_no_answer():
+    """Answers "A", "", None, "  \\n", "B"; only A is right. Valid: rows 0 and 4, so R = [1, 0]
+    over them, mean .5, std .5, A = [+1, -1]; the empty and blank answers are dropped like None
+    (counting "" as an answer made them group members: mean 1/4, A_0 = 1.73)."""
+    group = [traj("A"), traj(""), traj(None), traj("  \n"), traj("B")]
+    s = rl.score_groups([group], np.array([[1, 0, 0, 0, 0]]), [["search"]], [OUTCOME_ONLY],
+                        rl.GRPOConfig(adv_clip=None))
+    np.testing.assert_array_equal(s.valid_QG, [[True, False, False, False, True]])
+    np.testing.assert_array_equal(s.keep_QG, [[True, False, False, False, True]])
+    np.testing.assert_allclose(s.reward_QG, [[1, 0, 0, 0, 0]])
+    np.testing.assert_allclose(s.advantages_QG, [[1, 0, 0, 0, -1]], atol=1e-5)
+    assert s.counters["filter/invalid_dropped"] == 3
+    assert s.counters["filter/kept"] == 2
+    assert not rl.has_final_answer("") and not rl.has_final_answer(" \t")
+    assert rl.has_final_answer("0") and not rl.has_final_answer(None)
+
+
+def test_format_errors_homogeneous_groups_and_preferences():
+    """Task 0: 3 correct answers with 0/1/2 search calls, P = (search 1, outcome 0): counts
+    normalise to R = [0, .5, 1], std .408 >= .1, A = (R - .5) / .408. Task 1: one format error,
+    the rest all wrong -> R = 0 everywhere, homogeneous, dropped."""
+    g0 = [traj("x"), traj("x", calls=["search"]), traj("x", calls=["search", "search"])]
+    g1 = [traj("x", format_error="bad json"), traj("y"), traj("y")]
+    s = rl.score_groups([g0, g1], np.array([[1, 1, 1], [1, 0, 0]]), [["search"], ["search"]],
+                        [[1.0, 0.0, 0.0, 0.0], OUTCOME_ONLY], rl.GRPOConfig(adv_clip=None))
+    np.testing.assert_allclose(s.reward_QG, [[0, 0.5, 1], [0, 0, 0]], atol=1e-6)
+    std = np.sqrt(((0.5 ** 2) * 2) / 3)
+    np.testing.assert_allclose(s.advantages_QG[0], [-0.5 / std, 0, 0.5 / std], atol=1e-5)
+    np.testing.assert_array_equal(s.format_errors_QG, [[0, 0, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(s.keep_QG, [[True] * 3, [False] * 3])
+    assert s.counters["filter/format_dropped"] == 1
+    assert s.counters["filter/homogeneous_groups"] == 1
+
+
+def test_bad_outcome_shape_is_named():
+    with pytest.raises(ValueError, match=r"outcome_QG has shape \(1, 3\); the groups are 1 × \[2\]"):
+        rl.score_groups([[traj("a"), traj("b")]], np.ones((1, 3)), [["s"]], [OUTCOME_ONLY],
+                        rl.GRPOConfig())
