@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -22,6 +23,20 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="--tiny init seed and sampler seed")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--served-model-name", default="orchestrax")
+    p.add_argument("--api-key", default=os.environ.get("ORCHESTRAX_SERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health "
+                        "(default: $ORCHESTRAX_SERVE_API_KEY; unset means no check)")
+    p.add_argument("--weight-root", action="append", default=[], metavar="DIR",
+                   help="update_weights_from_disk loads only below DIR (repeatable; none: "
+                        "weight updates are refused)")
+    # Client limits; unset ones keep the defaults of orchestrax.rollout.validate.ServeLimits.
+    p.add_argument("--max-n", type=int, help="copies of one prompt per request (64)")
+    p.add_argument("--max-requests", type=int, help="prompts x n per call (1024)")
+    p.add_argument("--max-body-bytes", type=int, help="request body size (32 MiB)")
+    p.add_argument("--max-text-chars", type=int,
+                   help="text of one request, checked before tokenising (1 Mi characters)")
+    p.add_argument("--read-timeout", type=float,
+                   help="seconds to receive a request body, and to keep an idle connection (60)")
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:

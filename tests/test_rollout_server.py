@@ -79,7 +79,7 @@ def test_bad_requests_get_400_naming_the_key():
         for body in ({"input_ids": PROMPT, "sampling_params": {"temprature": 0.5}},
                      {"input_ids": PROMPT, "sampling_params": {"min_p": 0.3}},
                      {"input_ids": PROMPT, "sampling_params": {"top_p": 0}},
-                     {"input_ids": PROMPT, "bogus": 1},
+                     {"input_ids": PROMPT, "lora_path": "x"},
                      {"input_ids": [1, 10**6]}):
             async with http.post(f"{url}/generate", json=body) as r:
                 out.append((r.status, (await r.json())["error"]["message"]))
@@ -89,8 +89,8 @@ def test_bad_requests_get_400_naming_the_key():
     out = run(fn)
     assert all(status == 400 for status, _ in out)
     assert "'temprature'" in out[0][1] and "temperature" in out[0][1]
-    assert "min_p" in out[1][1] and "top_p" in out[2][1] and "'bogus'" in out[3][1]
-    assert "vocabulary" in out[4][1] and "JSON" in out[5][1]
+    assert "min_p" in out[1][1] and "top_p" in out[2][1] and "'lora_path'" in out[3][1]
+    assert "input_ids[1]" in out[4][1] and "JSON" in out[5][1]
 
 
 def test_stream_info_health_flush_abort_and_models():
@@ -145,7 +145,7 @@ def test_chat_completions_uses_the_template_and_reports_usage():
                 "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}) as r:
             ok = await r.json()
         async with http.post(f"{url}/v1/chat/completions", json={
-                "messages": messages, "frequency_penalty": 1}) as r:
+                "messages": messages, "frequency_penalty": 2.5}) as r:
             bad = (r.status, await r.json())
         return ok, bad
     ok, bad = run(fn, chat_template=qwen3_chat_template())
@@ -161,6 +161,7 @@ def test_chat_completions_uses_the_template_and_reports_usage():
 
 
 def test_weight_sync_through_client_changes_version_and_tokens(tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
     async def fn(http, url, sampler):
         req = GenerateRequest(input_ids=tuple(PROMPT),
                               sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
@@ -172,12 +173,20 @@ def test_weight_sync_through_client_changes_version_and_tokens(tmp_path):
         async with http.post(f"{url}/update_weights_from_disk",
                              json={"model_path": str(tmp_path / "missing")}) as r:
             failed = (r.status, await r.json())
-        return before, after, info, path, failed
-    before, after, info, path, failed = run(fn)
+        # A path outside the roots (also through a symlink inside them) is refused unread.
+        (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+        refused = []
+        for p in (outside, tmp_path / "link", tmp_path / ".." / outside.name):
+            async with http.post(f"{url}/update_weights_from_disk",
+                                 json={"model_path": str(p)}) as r:
+                refused.append((r.status, (await r.json())["message"]))
+        return before, after, info, path, failed, refused
+    before, after, info, path, failed, refused = run(fn, weight_roots=(str(tmp_path),))
     assert (before.weight_version, after.weight_version) == ("0", "step-1")
     assert before.output_ids != after.output_ids
     assert info["weight_version"] == "step-1" and info["model_path"] == str(path.resolve())
     assert failed[0] == 400 and failed[1]["success"] is False
+    assert all(status == 403 and "outside the weight roots" in msg for status, msg in refused)
 
 
 def test_client_logprobs_match_embedded_sampler():
@@ -199,10 +208,11 @@ def test_client_logprobs_match_embedded_sampler():
 def test_protocol_round_trip_and_errors():
     sp = SamplingParams(temperature=0.5, top_p=0.9, top_k=20, max_new_tokens=7,
                         stop_token_ids=(3, 9), sampling_seed=4)
-    assert protocol.parse_sampling_params(protocol.sampling_to_json(sp)) == (sp, 1)
-    assert protocol.parse_sampling_params({"temperature": 1e-9})[0].temperature == 0.0
-    assert protocol.parse_sampling_params({})[0].max_new_tokens == 128  # SGLang's default
-    assert protocol.parse_sampling_params({"min_p": 0.0, "stop": []})[1] == 1
+    parsed = protocol.parse_sampling_params(protocol.sampling_to_json(sp))
+    assert (parsed.params, parsed.n) == (sp, 1)
+    assert protocol.parse_sampling_params({"temperature": 1e-9}).params.temperature == 0.0
+    assert protocol.parse_sampling_params({}).params.max_new_tokens == 128  # SGLang's default
+    assert protocol.parse_sampling_params({"min_p": 0.0, "stop": []}).n == 1
     for bad, field in (({"top_k": 0}, "top_k"), ({"n": 0}, "n"), ({"stop_token_ids": ["x"]},
                        "stop_token_ids"), ({"max_new_tokens": 0}, "max_new_tokens")):
         with pytest.raises(protocol.ProtocolError, match=field):
@@ -210,8 +220,9 @@ def test_protocol_round_trip_and_errors():
     with pytest.raises(protocol.ProtocolError, match="exactly one"):
         protocol.parse_generate({"sampling_params": {}})
     with pytest.raises(protocol.ProtocolError, match="tokenizer"):
-        protocol.parse_generate({"text": "hi"})
+        protocol.parse_generate({"text": "hi"}, has_tokenizer=False)
     call = protocol.parse_generate({"input_ids": [[1, 2], [3]], "rid": "x",
                                     "sampling_params": {"n": 2}})
-    assert [r.rid for r in call.requests] == ["x-0-0", "x-0-1", "x-1-0", "x-1-1"]
-    assert call.batched and [r.input_ids for r in call.requests] == [(1, 2)] * 2 + [(3,)] * 2
+    reqs = [it.request for it in call.items(call.prompts)]
+    assert [r.rid for r in reqs] == ["x-0-0", "x-0-1", "x-1-0", "x-1-1"]
+    assert call.batched and [r.input_ids for r in reqs] == [(1, 2)] * 2 + [(3,)] * 2

@@ -8,9 +8,12 @@ full vocabulary, SGLang's convention; greedy (T == 0) reports log_softmax(logits
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal, Protocol, Sequence
 
 FinishReason = Literal["stop", "length", "abort"]
+TopLogprobs = tuple[tuple[int, float], ...]   # (token id, logprob), most likely first
+MAX_TOKEN_ID = 2**31 - 1                        # ids travel as int32
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,16 +24,27 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     sampling_seed: int | None = None  # per-request seed; None draws from the sampler's stream
+    presence_penalty: float = 0.0     # OpenAI semantics, on generated tokens; in [-2, 2]
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature}; must be >= 0")
+        # `not (x >= lo)` rather than `x < lo` so NaN is refused too.
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"SamplingParams.temperature={self.temperature}; must be finite "
+                             "and >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p={self.top_p}; must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"SamplingParams.top_k={self.top_k}; must be -1 or >= 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens}; must be >= 1")
+        if not all(0 <= t <= MAX_TOKEN_ID for t in self.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids={list(self.stop_token_ids)[:8]}; "
+                             f"each must be in [0, {MAX_TOKEN_ID}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"SamplingParams.{name}={getattr(self, name)}; must be in "
+                                 "[-2, 2]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +52,7 @@ class GenerateRequest:
     input_ids: tuple[int, ...]
     sampling: SamplingParams = SamplingParams()
     rid: str | None = None
+    top_logprobs: int = 0             # alternatives reported per output position
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,6 +65,7 @@ class GenerateResult:
     prompt_tokens: int
     weight_version: str = "0"
     rid: str | None = None
+    top_logprobs: tuple[TopLogprobs, ...] = ()   # one per output token when requested
 
 
 class Sampler(Protocol):

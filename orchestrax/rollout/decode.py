@@ -1,8 +1,10 @@
-"""One jitted batched generation: left-padded prefill, then a KV-cache decode `lax.while_loop`.
+"""Batched generation in two jitted pieces: a left-padded prefill, then KV-cache decode chunks.
 
-Letters: B batch rows, T prompt length (left padded), N new-token budget, S stop ids per row.
-The loop stops as soon as every row has hit a stop id or its own `max_new`; rows that finished
-keep feeding a token but record nothing.
+Letters: B batch rows, T prompt length (left padded), S stop ids per row, C decode steps per
+chunk, K top logprobs per step, V vocabulary. The host calls `decode_chunk` until every row is
+done, so between chunks it can hand tokens to streaming clients and drop rows whose client went
+away (`keep_B`); a chunk's loop also ends early once every row is done. Rows that finished keep
+feeding a token but record nothing.
 """
 
 from __future__ import annotations
@@ -14,70 +16,119 @@ import jax
 import jax.numpy as jnp
 
 from orchestrax import models
-from orchestrax.rollout.sampling import sample_next
+from orchestrax.rollout.sampling import apply_penalties, sample_next
 
 
-class DecodeOut(NamedTuple):
-    tokens_BN: jax.Array     # int32, valid for n < length_B
-    logprobs_BN: jax.Array   # float32, log_softmax(logits / T) of each recorded token
-    length_B: jax.Array      # int32 tokens generated (the stop token included)
-    stopped_B: jax.Array     # bool: ended on a stop id (else on max_new)
+class Rows(NamedTuple):
+    """Per-row settings, fixed for a batch's lifetime."""
+    temperature_B: jax.Array   # float32; 0 means greedy
+    top_k_B: jax.Array         # int32; <= 0 means no top-k
+    top_p_B: jax.Array         # float32
+    seeds_B: jax.Array         # uint32
+    max_new_B: jax.Array       # int32 token budget of each row
+    stop_ids_BS: jax.Array     # int32, padded with -1
+    presence_B: jax.Array      # float32 presence penalty (used when `penalize`)
+    frequency_B: jax.Array     # float32 frequency penalty (used when `penalize`)
 
 
-class _Carry(NamedTuple):
-    step: jax.Array
+class DecodeState(NamedTuple):
+    step: jax.Array            # int32: index of the next token to record (same for live rows)
     cache: Any
-    token_B: jax.Array
+    token_B: jax.Array         # sampled, not yet recorded
     logprob_B: jax.Array
-    tokens_BN: jax.Array
-    logprobs_BN: jax.Array
-    length_B: jax.Array
-    done_B: jax.Array
-    stopped_B: jax.Array
+    top_ids_BK: jax.Array      # int32 [B, K] top-K ids of the step that sampled token_B
+    top_lp_BK: jax.Array       # float32 [B, K] their logprobs
+    length_B: jax.Array        # int32 tokens recorded (a stop token included)
+    done_B: jax.Array          # bool
+    stopped_B: jax.Array       # bool: ended on a stop id (else on max_new, or dropped)
+    counts_BV: jax.Array       # int32 [B, V] generated-token counts, or [B, 0] without penalties
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new"))
-def generate_batch(cfg: models.ModelConfig, params: Any, prompt_BT: jax.Array, mask_BT: jax.Array,
-                   *, temperature_B: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array,
-                   seeds_B: jax.Array, max_new_B: jax.Array, stop_ids_BS: jax.Array,
-                   max_new: int) -> DecodeOut:
-    """Sample up to `max_new` tokens per row (row b stops at `max_new_B[b]` or a stop id).
+class Chunk(NamedTuple):
+    """What one chunk recorded: row b's new tokens are the first
+    (length_B after - length_B before) entries of its row."""
+    tokens_BC: jax.Array
+    logprobs_BC: jax.Array
+    top_ids_BCK: jax.Array
+    top_lp_BCK: jax.Array
 
-    stop_ids_BS is padded with -1. Greedy rows (temperature 0) take the argmax and report
-    log_softmax(logits) at T = 1.
-    """
+
+def _sample(logits_BV: jax.Array, rows: Rows, counts_BV: jax.Array, step: jax.Array, *,
+            n_top: int, penalize: bool):
+    if penalize:
+        logits_BV = apply_penalties(logits_BV.astype(jnp.float32), counts_BV, rows.presence_B,
+                                    rows.frequency_B)
+    token_B, logprob_B, logp_BV = sample_next(
+        logits_BV, temperature_B=rows.temperature_B, top_k_B=rows.top_k_B, top_p_B=rows.top_p_B,
+        seeds_B=rows.seeds_B, step=step)
+    b = logits_BV.shape[0]
+    if n_top:
+        top_lp_BK, top_ids_BK = jax.lax.top_k(logp_BV, n_top)
+    else:
+        top_lp_BK, top_ids_BK = jnp.zeros((b, 0), jnp.float32), jnp.zeros((b, 0), jnp.int32)
+    return token_B, logprob_B, top_ids_BK.astype(jnp.int32), top_lp_BK
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "total_len", "n_top", "penalize"))
+def prefill(cfg: models.ModelConfig, params: Any, prompt_BT: jax.Array, mask_BT: jax.Array,
+            rows: Rows, *, total_len: int, n_top: int, penalize: bool) -> DecodeState:
+    """Run the prompts and sample each row's first token. `total_len` (>= T + the largest
+    max_new_B) sizes the KV cache."""
     b, t = prompt_BT.shape
-    sample = functools.partial(sample_next, temperature_B=temperature_B, top_k_B=top_k_B,
-                               top_p_B=top_p_B, seeds_B=seeds_B)
-    cache = models.init_cache(cfg, b, t + max_new)
+    cache = models.init_cache(cfg, b, total_len)
     logits_B1V, cache = models.forward_with_cache(cfg, params, prompt_BT, mask_BT, cache,
                                                   last_only=True)
-    token_B, logprob_B = sample(logits_B1V[:, -1], step=jnp.int32(0))
-    carry = _Carry(step=jnp.int32(0), cache=cache, token_B=token_B, logprob_B=logprob_B,
-                   tokens_BN=jnp.zeros((b, max_new), jnp.int32),
-                   logprobs_BN=jnp.zeros((b, max_new), jnp.float32),
-                   length_B=jnp.zeros((b,), jnp.int32), done_B=max_new_B <= 0,
-                   stopped_B=jnp.zeros((b,), jnp.bool_))
+    counts_BV = jnp.zeros((b, cfg.vocab_size if penalize else 0), jnp.int32)
+    token_B, logprob_B, top_ids_BK, top_lp_BK = _sample(
+        logits_B1V[:, -1], rows, counts_BV, jnp.int32(0), n_top=n_top, penalize=penalize)
+    return DecodeState(step=jnp.int32(0), cache=cache, token_B=token_B, logprob_B=logprob_B,
+                       top_ids_BK=top_ids_BK, top_lp_BK=top_lp_BK,
+                       length_B=jnp.zeros((b,), jnp.int32), done_B=rows.max_new_B <= 0,
+                       stopped_B=jnp.zeros((b,), jnp.bool_), counts_BV=counts_BV)
 
-    def cond(c: _Carry):
-        return (c.step < max_new) & ~jnp.all(c.done_B)
 
-    def body(c: _Carry) -> _Carry:
-        live_B = ~c.done_B
-        tokens_BN = c.tokens_BN.at[:, c.step].set(jnp.where(live_B, c.token_B, 0))
-        logprobs_BN = c.logprobs_BN.at[:, c.step].set(jnp.where(live_B, c.logprob_B, 0.0))
-        length_B = c.length_B + live_B
-        hit_B = live_B & jnp.any(c.token_B[:, None] == stop_ids_BS, axis=-1)
-        done_B = c.done_B | hit_B | (length_B >= max_new_B)
-        # The forward for the next token is wasted on the last step; a cond around it would
-        # cost more than it saves on the common path.
+@functools.partial(jax.jit, static_argnames=("cfg", "chunk", "n_top", "penalize"),
+                   donate_argnames=("state",))
+def decode_chunk(cfg: models.ModelConfig, params: Any, state: DecodeState, rows: Rows,
+                 keep_B: jax.Array, *, chunk: int, n_top: int, penalize: bool
+                 ) -> tuple[DecodeState, Chunk]:
+    """Record up to `chunk` tokens per live row. Rows with keep_B False are finished first
+    (their client left) and record nothing. Greedy rows report log_softmax(logits) at T = 1."""
+    b = state.token_B.shape[0]
+    state = state._replace(done_B=state.done_B | ~keep_B)
+    buf = Chunk(tokens_BC=jnp.zeros((b, chunk), jnp.int32),
+                logprobs_BC=jnp.zeros((b, chunk), jnp.float32),
+                top_ids_BCK=jnp.zeros((b, chunk, n_top), jnp.int32),
+                top_lp_BCK=jnp.zeros((b, chunk, n_top), jnp.float32))
+
+    def cond(carry):
+        i, s, _ = carry
+        return (i < chunk) & ~jnp.all(s.done_B)
+
+    def body(carry):
+        i, s, out = carry
+        live_B = ~s.done_B
+        out = Chunk(tokens_BC=out.tokens_BC.at[:, i].set(jnp.where(live_B, s.token_B, 0)),
+                    logprobs_BC=out.logprobs_BC.at[:, i].set(
+                        jnp.where(live_B, s.logprob_B, 0.0)),
+                    top_ids_BCK=out.top_ids_BCK.at[:, i].set(s.top_ids_BK),
+                    top_lp_BCK=out.top_lp_BCK.at[:, i].set(s.top_lp_BK))
+        length_B = s.length_B + live_B
+        hit_B = live_B & jnp.any(s.token_B[:, None] == rows.stop_ids_BS, axis=-1)
+        done_B = s.done_B | hit_B | (length_B >= rows.max_new_B)
+        counts_BV = s.counts_BV
+        if penalize:
+            counts_BV = counts_BV.at[jnp.arange(b), s.token_B].add(live_B.astype(jnp.int32))
+        # The forward for the next token is wasted on a row's last step; a cond around it
+        # would cost more than it saves on the common path.
         logits_B1V, cache = models.forward_with_cache(
-            cfg, params, c.token_B[:, None], jnp.ones((b, 1), jnp.int32), c.cache)
-        token_B, logprob_B = sample(logits_B1V[:, 0], step=c.step + 1)
-        return _Carry(step=c.step + 1, cache=cache, token_B=token_B, logprob_B=logprob_B,
-                      tokens_BN=tokens_BN, logprobs_BN=logprobs_BN, length_B=length_B,
-                      done_B=done_B, stopped_B=c.stopped_B | hit_B)
+            cfg, params, s.token_B[:, None], jnp.ones((b, 1), jnp.int32), s.cache)
+        token_B, logprob_B, top_ids_BK, top_lp_BK = _sample(
+            logits_B1V[:, 0], rows, counts_BV, s.step + 1, n_top=n_top, penalize=penalize)
+        s = DecodeState(step=s.step + 1, cache=cache, token_B=token_B, logprob_B=logprob_B,
+                        top_ids_BK=top_ids_BK, top_lp_BK=top_lp_BK, length_B=length_B,
+                        done_B=done_B, stopped_B=s.stopped_B | hit_B, counts_BV=counts_BV)
+        return i + 1, s, out
 
-    out = jax.lax.while_loop(cond, body, carry)
-    return DecodeOut(tokens_BN=out.tokens_BN, logprobs_BN=out.logprobs_BN,
-                     length_B=out.length_B, stopped_B=out.stopped_B)
+    _, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, buf))
+    return state, out

@@ -1,26 +1,32 @@
 """The embedded JAX sampler: concurrent `generate` calls share batched forward passes.
 
-Every coroutine that calls `generate` puts its requests on one asyncio queue; a single batcher
-task drains up to `max_batch` of them, pads them into bucketed shapes (so jit compiles once per
-bucket, not per call), dispatches `decode.generate_batch` and polls for completion so the event
-loop keeps serving other coroutines (HTTP handlers, tools) while the device works.
+Every coroutine that calls `generate` (or `stream`) puts its requests on one asyncio queue; a
+single batcher task drains up to `max_batch` of them, pads them into bucketed shapes (so jit
+compiles once per bucket, not per call), runs the prefill and then decode chunks of
+`chunk_tokens` steps, polling for completion so the event loop keeps serving other coroutines
+(HTTP handlers, tools) while the device works. Between chunks, new tokens go to streaming
+callers and rows whose caller is gone (cancelled or aborted) stop decoding.
 
-Params are read at the start of each batch, from the reference or getter given (never copied),
-so a trainer's in-place update is seen by the next batch.
+Each request is validated on its own when it is admitted (`admit_error`), so a bad value can
+only fail its own caller, never the batch it would have joined. Params are read at the start of
+each batch, from the reference or getter given (never copied), so a trainer's in-place update is
+seen by the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import jax
 import numpy as np
 
 from orchestrax import models
-from orchestrax.rollout.base import GenerateRequest, GenerateResult
-from orchestrax.rollout.decode import generate_batch
+from orchestrax.rollout.base import GenerateRequest, GenerateResult, TopLogprobs
+from orchestrax.rollout.decode import Rows, decode_chunk, prefill
+
+MAX_TOP_LOGPROBS = 20   # OpenAI's cap on top_logprobs
 
 
 def bucket(n: int, *, lo: int, hi: int) -> int:
@@ -31,12 +37,26 @@ def bucket(n: int, *, lo: int, hi: int) -> int:
     return min(b, hi)
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamDelta:
+    """Tokens one decode chunk added to a request; `result` is set on the last delta."""
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[TopLogprobs, ...]
+    weight_version: str
+    result: GenerateResult | None = None
+
+
 @dataclasses.dataclass(eq=False)
 class _Pending:
     request: GenerateRequest
     seed: int
     max_new: int                      # max_new_tokens clipped to the context budget
     future: asyncio.Future
+    deltas: asyncio.Queue | None = None   # set for streaming callers
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    top: list[TopLogprobs] = dataclasses.field(default_factory=list)
 
 
 class EmbeddedSampler:
@@ -44,16 +64,15 @@ class EmbeddedSampler:
 
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
-                 min_bucket: int = 16, gather_s: float = 0.0, poll_s: float = 0.0005):
-        if max_batch < 1:
-            raise ValueError(f"EmbeddedSampler.max_batch={max_batch}; must be >= 1")
-        if max_len < 2:
-            raise ValueError(f"EmbeddedSampler.max_len={max_len}; must be >= 2")
-        if min_bucket < 1:
-            raise ValueError(f"EmbeddedSampler.min_bucket={min_bucket}; must be >= 1")
+                 min_bucket: int = 16, gather_s: float = 0.0, poll_s: float = 0.0005,
+                 chunk_tokens: int = 64):
+        for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
+                                ("min_bucket", min_bucket, 1), ("chunk_tokens", chunk_tokens, 1)):
+            if value < lo:
+                raise ValueError(f"EmbeddedSampler.{name}={value}; must be >= {lo}")
         self.cfg = cfg
         self.max_batch, self.max_len, self.min_bucket = max_batch, max_len, min_bucket
-        self.gather_s, self.poll_s = gather_s, poll_s
+        self.gather_s, self.poll_s, self.chunk_tokens = gather_s, poll_s, chunk_tokens
         self.weight_version = weight_version
         self._params = None if callable(params_or_getter) else params_or_getter
         self._getter: Callable[[], Any] = (params_or_getter if callable(params_or_getter)
@@ -75,27 +94,57 @@ class EmbeddedSampler:
         self._getter = lambda: self._params
         self.weight_version = weight_version
 
+    def admit_error(self, r: GenerateRequest) -> str | None:
+        """Why this sampler cannot run `r` (naming the field), or None. `generate` raises it as a
+        ValueError before anything is queued."""
+        n = len(r.input_ids)
+        if n < 1 or n >= self.max_len:
+            return (f"input_ids has {n} tokens; must be in [1, max_len={self.max_len}) "
+                    f"(the server's context length)")
+        v = self.cfg.vocab_size
+        bad = [t for t in r.input_ids if not 0 <= t < v]
+        if bad:
+            return f"input_ids holds {bad[:5]} outside the vocabulary [0, {v})"
+        bad = [t for t in r.sampling.stop_token_ids if not 0 <= t < v]
+        if bad:
+            return f"stop_token_ids holds {bad[:5]} outside the vocabulary [0, {v})"
+        if r.top_logprobs > MAX_TOP_LOGPROBS:
+            return f"top_logprobs={r.top_logprobs}; must be in [0, {MAX_TOP_LOGPROBS}]"
+        return None
+
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         pendings = [self._admit(r) for r in requests]  # validate all before queueing any
-        self._ensure_task()
-        for p in pendings:
-            self._queue.put_nowait(p)
-        return list(await asyncio.gather(*(p.future for p in pendings)))
+        self._enqueue(pendings)
+        try:
+            return list(await asyncio.gather(*(p.future for p in pendings)))
+        finally:  # cancelled (the caller left): rows still queued or running are dropped
+            for p in pendings:
+                p.future.cancel()
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamDelta]:
+        """Deltas of one request as its decode chunks finish; the last carries the result.
+        Closing the iterator early drops the request from its batch."""
+        p = self._admit(request, stream=True)
+        self._enqueue([p])
+        try:
+            while True:
+                delta = await p.deltas.get()
+                if delta is None:  # the batch failed
+                    raise p.future.exception()
+                yield delta
+                if delta.result is not None:
+                    return
+        finally:
+            p.future.cancel()
 
     def abort(self, rid: str | None = None) -> int:
-        """Finish queued and running requests with `rid` (all when None) as 'abort' now; a running
-        batch completes on the device but its result for them is dropped. Returns the count."""
+        """Finish queued and running requests with `rid` (all when None) as 'abort' now; running
+        rows stop decoding at the end of the current chunk. Returns the count."""
         n = 0
-        kept: list[_Pending] = []
-        while not self._queue.empty():
-            kept.append(self._queue.get_nowait())
-        for p in kept + self._running:
+        for p in list(self._queue._queue) + self._running:  # a snapshot; nothing is dequeued
             if (rid is None or p.request.rid == rid) and not p.future.done():
-                p.future.set_result(self._result(p, (), (), "abort"))
+                self._finish(p, "abort")
                 n += 1
-        for p in kept:
-            if not p.future.done():
-                self._queue.put_nowait(p)
         return n
 
     async def aclose(self) -> None:
@@ -110,28 +159,26 @@ class EmbeddedSampler:
 
     @property
     def outstanding(self) -> int:
-        return self._queue.qsize() + sum(not p.future.done() for p in self._running)
+        return sum(not p.future.done() for p in list(self._queue._queue) + self._running)
 
     # --- internals -----------------------------------------------------------------------------
-    def _admit(self, r: GenerateRequest) -> _Pending:
-        n = len(r.input_ids)
-        if n < 1 or n >= self.max_len:
-            raise ValueError(f"GenerateRequest.input_ids has {n} tokens; must be in "
-                             f"[1, max_len={self.max_len})")
-        bad = [t for t in r.input_ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"GenerateRequest.input_ids holds {bad[:5]} outside the vocabulary "
-                             f"[0, {self.cfg.vocab_size})")
+    def _admit(self, r: GenerateRequest, stream: bool = False) -> _Pending:
+        why = self.admit_error(r)
+        if why is not None:
+            raise ValueError(why)
         seed = r.sampling.sampling_seed
         if seed is None:
             seed = int(self._rng.integers(0, 2**31 - 1))
         return _Pending(request=r, seed=seed % (2**32),
-                        max_new=min(r.sampling.max_new_tokens, self.max_len - n),
-                        future=asyncio.get_running_loop().create_future())
+                        max_new=min(r.sampling.max_new_tokens, self.max_len - len(r.input_ids)),
+                        future=asyncio.get_running_loop().create_future(),
+                        deltas=asyncio.Queue() if stream else None)
 
-    def _ensure_task(self) -> None:
+    def _enqueue(self, pendings: list[_Pending]) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._batch_loop())
+        for p in pendings:
+            self._queue.put_nowait(p)
 
     async def _batch_loop(self) -> None:
         while True:
@@ -151,58 +198,108 @@ class EmbeddedSampler:
                 await self._run(batch)
             except Exception as e:  # a device failure fails this batch's callers, not the loop
                 for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(e)
+                    self._finish(p, error=e)
             finally:
                 self._running = []
 
-    async def _run(self, batch: list[_Pending]) -> None:
-        # At least 8 rows: decode is memory-bound, so padding rows is nearly free and saves
-        # compiles.
-        rows = bucket(len(batch), lo=min(8, self.max_batch), hi=self.max_batch)
-        t = bucket(max(len(p.request.input_ids) for p in batch), lo=self.min_bucket,
-                   hi=self.max_len)
-        n_new = bucket(max(p.max_new for p in batch), lo=self.min_bucket, hi=self.max_len)
+    def _rows(self, batch: list[_Pending], rows: int) -> Rows:
         n_stop = bucket(max(len(p.request.sampling.stop_token_ids) for p in batch), lo=4,
                         hi=1 << 30)
-        prompt = np.zeros((rows, t), np.int32)
-        mask = np.zeros((rows, t), np.int32)
-        mask[:, -1] = 1  # padding rows see one token so their attention is never empty
         temp = np.zeros((rows,), np.float32)
         top_p = np.ones((rows,), np.float32)
         top_k = np.full((rows,), -1, np.int32)
         seeds = np.zeros((rows,), np.uint32)
         max_new = np.zeros((rows,), np.int32)
         stop = np.full((rows, n_stop), -1, np.int32)
+        presence = np.zeros((rows,), np.float32)
+        frequency = np.zeros((rows,), np.float32)
         for i, p in enumerate(batch):
-            ids, sp = p.request.input_ids, p.request.sampling
-            prompt[i, t - len(ids):] = ids
-            mask[i, t - len(ids):] = 1
+            sp = p.request.sampling
             temp[i], top_p[i], top_k[i] = sp.temperature, sp.top_p, sp.top_k
             seeds[i], max_new[i] = p.seed, p.max_new
             stop[i, :len(sp.stop_token_ids)] = sp.stop_token_ids
-        version = self.weight_version
-        out = generate_batch(self.cfg, self._getter(), prompt, mask, temperature_B=temp,
-                             top_k_B=top_k, top_p_B=top_p, seeds_B=seeds, max_new_B=max_new,
-                             stop_ids_BS=stop, max_new=n_new)
-        # Dispatch is asynchronous: poll instead of blocking so the event loop stays live.
-        while not all(x.is_ready() for x in jax.tree.leaves(out)):
-            await asyncio.sleep(self.poll_s)
-        tokens, logprobs, length, stopped = jax.device_get(tuple(out))
-        self.stats["batches"] += 1
-        for i, p in enumerate(batch):
-            n = int(length[i])
-            self.stats["requests"] += 1
-            self.stats["tokens"] += n
-            if not p.future.done():
-                p.future.set_result(self._result(
-                    p, tuple(int(x) for x in tokens[i, :n]),
-                    tuple(float(x) for x in logprobs[i, :n]),
-                    "stop" if stopped[i] else "length", version))
+            presence[i], frequency[i] = sp.presence_penalty, sp.frequency_penalty
+        return Rows(temperature_B=temp, top_k_B=top_k, top_p_B=top_p, seeds_B=seeds,
+                    max_new_B=max_new, stop_ids_BS=stop, presence_B=presence,
+                    frequency_B=frequency)
 
-    def _result(self, p: _Pending, ids: tuple[int, ...], logprobs: tuple[float, ...],
-                reason: str, version: str | None = None) -> GenerateResult:
-        return GenerateResult(output_ids=ids, logprobs=logprobs, finish_reason=reason,
-                              prompt_tokens=len(p.request.input_ids),
-                              weight_version=self.weight_version if version is None else version,
-                              rid=p.request.rid)
+    async def _ready(self, tree: Any) -> Any:
+        # Dispatch is asynchronous: poll instead of blocking so the event loop stays live.
+        while not all(x.is_ready() for x in jax.tree.leaves(tree)):
+            await asyncio.sleep(self.poll_s)
+        return jax.device_get(tree)
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        # At least 8 rows: decode is memory-bound, so padding rows is nearly free and saves
+        # compiles.
+        n_rows = bucket(len(batch), lo=min(8, self.max_batch), hi=self.max_batch)
+        t = bucket(max(len(p.request.input_ids) for p in batch), lo=self.min_bucket,
+                   hi=self.max_len)
+        n_new = bucket(max(p.max_new for p in batch), lo=self.min_bucket, hi=self.max_len)
+        want_top = max(p.request.top_logprobs for p in batch)
+        n_top = bucket(want_top, lo=4, hi=MAX_TOP_LOGPROBS) if want_top else 0
+        penalize = any(p.request.sampling.presence_penalty or p.request.sampling.frequency_penalty
+                       for p in batch)
+        prompt = np.zeros((n_rows, t), np.int32)
+        mask = np.zeros((n_rows, t), np.int32)
+        mask[:, -1] = 1  # padding rows see one token so their attention is never empty
+        for i, p in enumerate(batch):
+            ids = p.request.input_ids
+            prompt[i, t - len(ids):] = ids
+            mask[i, t - len(ids):] = 1
+        rows = self._rows(batch, n_rows)
+        version, params = self.weight_version, self._getter()
+        static = dict(n_top=n_top, penalize=penalize)
+        state = prefill(self.cfg, params, prompt, mask, rows, total_len=t + n_new, **static)
+        keep = np.zeros((n_rows,), bool)
+        while True:
+            keep[:len(batch)] = [not p.future.done() for p in batch]
+            state, chunk = decode_chunk(self.cfg, params, state, rows, keep,
+                                        chunk=self.chunk_tokens, **static)
+            before = [len(p.ids) for p in batch]
+            chunk, length, done, stopped = await self._ready(
+                (chunk, state.length_B, state.done_B, state.stopped_B))
+            for i, p in enumerate(batch):
+                k = int(length[i]) - before[i]
+                if k <= 0 or p.future.done():
+                    continue
+                delta = StreamDelta(
+                    output_ids=tuple(int(x) for x in chunk.tokens_BC[i, :k]),
+                    logprobs=tuple(float(x) for x in chunk.logprobs_BC[i, :k]),
+                    top_logprobs=tuple(
+                        tuple(zip(map(int, chunk.top_ids_BCK[i, j, :p.request.top_logprobs]),
+                                  map(float, chunk.top_lp_BCK[i, j, :p.request.top_logprobs])))
+                        for j in range(k)) if p.request.top_logprobs else (),
+                    weight_version=version)
+                p.ids += delta.output_ids
+                p.logprobs += delta.logprobs
+                p.top += delta.top_logprobs
+                if bool(done[i]):
+                    self._finish(p, "stop" if stopped[i] else "length", version, delta)
+                elif p.deltas is not None:
+                    p.deltas.put_nowait(delta)
+            if all(done[:len(batch)]):
+                break
+        self.stats["batches"] += 1
+        self.stats["requests"] += len(batch)
+        self.stats["tokens"] += int(length[:len(batch)].sum())
+
+    def _finish(self, p: _Pending, reason: str = "abort", version: str | None = None,
+                delta: StreamDelta | None = None, error: Exception | None = None) -> None:
+        if p.future.done():
+            return
+        if error is not None:
+            p.future.set_exception(error)
+            p.future.exception()  # a caller that left never retrieves it: mark it seen
+            if p.deltas is not None:
+                p.deltas.put_nowait(None)
+            return
+        result = GenerateResult(output_ids=tuple(p.ids), logprobs=tuple(p.logprobs),
+                                top_logprobs=tuple(p.top), finish_reason=reason,
+                                prompt_tokens=len(p.request.input_ids),
+                                weight_version=self.weight_version if version is None else version,
+                                rid=p.request.rid)
+        p.future.set_result(result)
+        if p.deltas is not None:
+            d = delta or StreamDelta((), (), (), result.weight_version)
+            p.deltas.put_nowait(dataclasses.replace(d, result=result))

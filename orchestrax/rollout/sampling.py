@@ -1,8 +1,11 @@
-"""Per-row next-token sampling: temperature, top-k, top-p, greedy and per-row seeds.
+"""Per-row next-token sampling: temperature, top-k, top-p, greedy, presence/frequency penalties
+and per-row seeds.
 
 Letters: B batch rows, V vocabulary. Every row carries its own settings so one batch can mix
 greedy and sampled requests. The returned logprob is log_softmax(logits / T) of the chosen token
-over the full (unfiltered) vocabulary, SGLang's convention; greedy rows use T = 1.
+over the full (unfiltered) vocabulary, SGLang's convention; greedy rows use T = 1. Penalties,
+when a row sets them, are applied to the logits first, so logprobs are of the distribution that
+was sampled.
 """
 
 from __future__ import annotations
@@ -36,10 +39,24 @@ def row_keys(seeds_B: jax.Array, step: jax.Array) -> jax.Array:
     return jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), step))(seeds_B)
 
 
+def apply_penalties(logits_BV: jax.Array, counts_BV: jax.Array, presence_B: jax.Array,
+                    frequency_B: jax.Array) -> jax.Array:
+    """OpenAI's presence/frequency penalties on raw logits: logit[v] -= frequency * count[v] +
+    presence * (count[v] > 0), where count[v] is how often token v was generated so far in
+    this row (prompt tokens do not count, as in SGLang and vLLM)."""
+    counts_BV = counts_BV.astype(jnp.float32)
+    return (logits_BV - frequency_B[:, None] * counts_BV
+            - presence_B[:, None] * (counts_BV > 0).astype(jnp.float32))
+
+
 def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.Array,
                 top_p_B: jax.Array, seeds_B: jax.Array, step: jax.Array
-                ) -> tuple[jax.Array, jax.Array]:
-    """float32 [B, V] logits -> (int32 token [B], float32 logprob [B]). temperature 0 = greedy."""
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """float32 [B, V] logits -> (int32 token [B], float32 logprob [B], float32 logp [B, V]).
+
+    temperature 0 = greedy. logp_BV is log_softmax(logits / T), the distribution the logprobs
+    (and any top logprobs) are read from.
+    """
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = temperature_B <= 0
     t_B = jnp.where(greedy_B, 1.0, temperature_B)
@@ -55,4 +72,4 @@ def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.
     sampled_B = jnp.argmax(filtered_BV + gumbel_BV, axis=-1)
     token_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
     logprob_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
-    return token_B, logprob_B
+    return token_B, logprob_B, logp_BV

@@ -1,5 +1,5 @@
-"""`orchestrax serve`: the SGLang native API subset an RL trainer uses, backed by the embedded
-sampler, plus an OpenAI-compatible `/v1/chat/completions` (see openai_chat.py).
+"""`orchestrax serve`: the SGLang native API subset an RL trainer uses, plus an OpenAI-compatible
+`/v1/chat/completions` (wire format in openai_chat.py), backed by the embedded sampler.
 
 Routes and response shapes follow SGLang's entrypoints/http_server.py: `/generate`,
 `/update_weights_from_disk` -> `{success, message, num_paused_requests}`, `/model_info`
@@ -7,46 +7,38 @@ Routes and response shapes follow SGLang's entrypoints/http_server.py: `/generat
 preferred_sampling_params, weight_version}`, `/server_info` (alias `/get_server_info`),
 `/flush_cache`, `/health`, `/abort_request` (`{rid, abort_all}`). Errors are
 `{"error": {"message": ...}}` with status 400, as SGLang's `_create_error_response`.
+
+Clients are isolated from each other: a request is checked in full (`ServeLimits`, field types
+and ranges, the sampler's `admit_error`) before it can join a batch; text is tokenised in a
+worker thread after its length was checked; a client that disconnects is cancelled, and its
+rows leave the running batch at the next decode chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import logging
+import os
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 import jax
 from aiohttp import web
 
 from orchestrax import models
-from orchestrax.rollout.embedded import EmbeddedSampler
-from orchestrax.rollout.protocol import ProtocolError, parse_generate, result_to_json
+from orchestrax.rollout import openai_chat as oai
+from orchestrax.rollout.base import GenerateRequest
+from orchestrax.rollout.protocol import parse_generate, result_to_json
+from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
+from orchestrax.rollout.validate import ProtocolError
 
 log = logging.getLogger(__name__)
-STATE = web.AppKey("state", object)
-
-
-@dataclasses.dataclass(kw_only=True)
-class ServerState:
-    sampler: EmbeddedSampler
-    model_path: str
-    tokenizer: Any = None                  # a transformers tokenizer; needed for text and chat
-    tokenizer_path: str | None = None
-    chat_template: str | None = None       # overrides the tokenizer's own template when given
-    served_model_name: str = "orchestrax"
-    # (path) -> (cfg, params); default reads an HF safetensors directory with models.load_hf.
-    load_weights: Callable[[str], tuple[models.ModelConfig, Any]] | None = None
-    weight_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+STATE = web.AppKey("state", ServerState)
+OPEN_PATHS = ("/health",)   # answered without the bearer token (load balancers probe it)
 
 
 def error(message: str, status: int = 400) -> web.Response:
@@ -54,52 +46,245 @@ def error(message: str, status: int = 400) -> web.Response:
 
 
 async def read_json(request: web.Request) -> Any:
+    """The body as JSON, read within the read timeout (a half-sent body cannot hold a
+    handler)."""
+    limits = request.app[STATE].limits
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raw = await asyncio.wait_for(request.read(), limits.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=json.dumps({"error": {"message": "request body not received within "
+                                                  f"{limits.read_timeout_s} s"}}),
+            content_type="application/json") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:  # ValueError covers JSONDecodeError
         raise ProtocolError(f"request body is not valid JSON: {e}") from None
 
 
-async def generate(request: web.Request) -> web.StreamResponse:
-    st: ServerState = request.app[STATE]
-    t0 = time.perf_counter()
-    try:
-        call = parse_generate(await read_json(request),
-                              encode=st.encode if st.tokenizer is not None else None)
-        # Every request gets an id so /abort_request can reach it.
-        reqs = [r if r.rid else dataclasses.replace(r, rid=uuid.uuid4().hex)
-                for r in call.requests]
-        results = await st.sampler.generate(reqs)
-    except (ProtocolError, ValueError) as e:
-        return error(str(e))
-    decode = st.decode if st.tokenizer is not None else None
-    items = [result_to_json(res, return_logprob=lp, rid=r.rid, decode=decode,
-                            text_in_logprobs=call.return_text_in_logprobs,
-                            e2e_latency=time.perf_counter() - t0)
-             for r, res, lp in zip(reqs, results, call.return_logprob)]
-    if not call.stream:
-        return web.json_response(items if call.batched else items[0])
-    # Generation runs as one jitted call per batch, so the stream carries each finished item
-    # as one event (SGLang's cumulative format), then the [DONE] sentinel.
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+def _with_rid(req: GenerateRequest) -> GenerateRequest:
+    # Every request gets an id so /abort_request can reach it.
+    return req if req.rid else dataclasses.replace(req, rid=uuid.uuid4().hex)
+
+
+async def _sse(request: web.Request, events) -> web.StreamResponse:
+    """Server-sent events: one `data:` line per JSON event, then `data: [DONE]`."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    for i, item in enumerate(items):
-        if call.batched:
-            item = {**item, "index": i}
-        await resp.write(b"data: " + json.dumps(item).encode() + b"\n\n")
+    async for event in events:
+        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
 
 
+async def _merge(streams):
+    """Interleave several async iterators of (index, item) as items arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, it):
+        try:
+            async for x in it:
+                await queue.put((i, x, None))
+        except Exception as e:  # a failed stream ends the whole response
+            await queue.put((i, None, e))
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, x, e = await queue.get()
+            if e is not None:
+                raise e
+            if x is None:
+                live -= 1
+            else:
+                yield i, x
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+# --- /generate ------------------------------------------------------------------------------------
+async def generate(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    t0 = time.perf_counter()
+    try:
+        call = parse_generate(await read_json(request), vocab_size=st.sampler.cfg.vocab_size,
+                              has_tokenizer=st.tokenizer is not None, limits=st.limits)
+        texts = [p for p in call.prompts if isinstance(p, str)]
+        ids = iter(await st.tokenize(texts) if texts else [])
+        items = call.items([next(ids) if isinstance(p, str) else p for p in call.prompts])
+        if any(it.stop for it in items) and st.tokenizer is None:
+            raise ProtocolError("sampling_params.stop (strings) needs a tokenizer; start the "
+                                "server with one or use stop_token_ids")
+        items = [dataclasses.replace(it, request=_with_rid(it.request)) for it in items]
+        st.admit([it.request for it in items])
+    except ProtocolError as e:
+        return error(str(e))
+    decode = st.decode if st.tokenizer is not None else None
+
+    def item_json(it, u: Update) -> dict[str, Any]:
+        return result_to_json(u.result, return_logprob=it.return_logprob, rid=it.request.rid,
+                              text=u.final_text, matched=u.matched, decode=decode,
+                              text_in_logprobs=call.return_text_in_logprobs,
+                              e2e_latency=time.perf_counter() - t0)
+
+    if not call.stream:
+        done = await asyncio.gather(*(run_request(st, it.request, it.stop, it.no_stop_trim)
+                                      for it in items))
+        out = [item_json(it, u) for it, u in zip(items, done)]
+        return web.json_response(out if call.batched else out[0])
+
+    async def events():
+        # SGLang's cumulative stream format: every event carries the text and ids so far.
+        texts = [""] * len(items)
+        streams = [stream_request(st, it.request, it.stop, it.no_stop_trim) for it in items]
+        async for i, u in _merge(streams):
+            it = items[i]
+            texts[i] += u.text
+            if u.done:
+                event = item_json(it, u)
+            else:
+                event = {"output_ids": list(u.output_ids),
+                         "meta_info": {"id": it.request.rid, "finish_reason": None,
+                                       "prompt_tokens": len(it.request.input_ids),
+                                       "completion_tokens": len(u.output_ids)}}
+                if decode is not None:
+                    event["text"] = texts[i]
+            if call.batched:
+                event["index"] = i
+            yield event
+    return await _sse(request, events())
+
+
+# --- /v1/chat/completions -------------------------------------------------------------------------
+def _end_of_turn_ids(tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return ids
+
+
+def _render(st: ServerState, call: oai.ChatCall) -> list[int]:
+    try:
+        ids = st.tokenizer.apply_chat_template(call.messages, tools=call.tools,
+                                               add_generation_prompt=True, tokenize=True,
+                                               chat_template=st.chat_template,
+                                               **call.template_kwargs)
+    except Exception as e:  # template errors (bad roles, bad content) are the caller's input
+        raise ProtocolError(f"messages could not be rendered by the chat template: {e}") from None
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a mapping
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    if st.tokenizer is None:
+        return error("/v1/chat/completions needs a tokenizer; start the server with one")
+    try:
+        call = oai.parse_chat(await read_json(request), vocab_size=st.sampler.cfg.vocab_size,
+                              limits=st.limits)
+        ids = await asyncio.to_thread(_render, st, call)
+        if len(ids) >= st.sampler.max_len:
+            raise ProtocolError(f"messages render to {len(ids)} tokens; the context length is "
+                                f"{st.sampler.max_len}")
+        stops = _end_of_turn_ids(st.tokenizer)
+        sp = dataclasses.replace(call.sampling, stop_token_ids=tuple(sorted(
+            stops | set(call.sampling.stop_token_ids))))
+        reqs = [GenerateRequest(
+            input_ids=tuple(ids), rid=uuid.uuid4().hex, top_logprobs=call.top_logprobs,
+            sampling=sp if sp.sampling_seed is None or j == 0 else
+            dataclasses.replace(sp, sampling_seed=sp.sampling_seed + j)) for j in range(call.n)]
+        st.admit(reqs)
+    except ProtocolError as e:
+        return error(str(e))
+    cid, model = oai.completion_id(), st.served_model_name
+
+    def token_text(tok: int) -> str:
+        return st.tokenizer.decode([tok])
+
+    def choice(j: int, u: Update) -> dict[str, Any]:
+        content, calls = u.final_text, []
+        if call.tools is not None:
+            content, calls = oai.split_tool_calls(u.final_text, call.parallel_tool_calls)
+        lp = (oai.logprobs_json(u.output_ids, u.logprobs, u.top_logprobs, 0, call.top_logprobs,
+                                token_text) if call.logprobs else None)
+        return {"index": j, "logprobs": lp,
+                "finish_reason": oai.finish_reason(u.result, u.matched is not None, bool(calls)),
+                "message": {"role": "assistant", "content": content, "tool_calls": calls or None}}
+
+    if not call.stream:
+        done = await asyncio.gather(*(run_request(st, r, call.stop) for r in reqs))
+        return web.json_response(oai.completion_json(
+            cid, model, [choice(j, u) for j, u in enumerate(done)], len(ids),
+            sum(len(u.output_ids) for u in done)))
+
+    async def events():
+        sent = [0] * len(reqs)        # tokens already streamed per choice
+        used = [0] * len(reqs)
+        for j in range(len(reqs)):
+            yield oai.chunk_json(cid, model, [{"index": j, "delta": {"role": "assistant",
+                                                                     "content": ""},
+                                               "logprobs": None, "finish_reason": None}])
+        async for j, u in _merge([stream_request(st, r, call.stop) for r in reqs]):
+            used[j] = len(u.output_ids)
+            if u.done and call.tools is not None:
+                # Tool calls are only known once the text is complete: send it whole.
+                c = choice(j, u)
+                delta = {"content": c["message"]["content"]}
+                if c["message"]["tool_calls"]:
+                    delta["tool_calls"] = [{**tc, "index": k} for k, tc in
+                                           enumerate(c["message"]["tool_calls"])]
+                yield oai.chunk_json(cid, model, [{"index": j, "delta": delta,
+                                                   "logprobs": c["logprobs"],
+                                                   "finish_reason": c["finish_reason"]}])
+                continue
+            if call.tools is not None:
+                continue
+            lp = None
+            if call.logprobs and len(u.output_ids) > sent[j]:
+                lp = oai.logprobs_json(u.output_ids, u.logprobs, u.top_logprobs, sent[j],
+                                       call.top_logprobs, token_text)
+            sent[j] = len(u.output_ids)
+            if u.text or lp is not None or u.done:
+                yield oai.chunk_json(cid, model, [{
+                    "index": j, "delta": {"content": u.text} if u.text else {}, "logprobs": lp,
+                    "finish_reason": (oai.finish_reason(u.result, u.matched is not None, False)
+                                      if u.done else None)}])
+        if call.include_usage:
+            total = sum(used)
+            yield oai.chunk_json(cid, model, [], usage={
+                "prompt_tokens": len(ids), "completion_tokens": total,
+                "total_tokens": len(ids) + total})
+    return await _sse(request, events())
+
+
+async def list_models(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    return web.json_response({"object": "list", "data": [
+        {"id": st.served_model_name, "object": "model", "owned_by": "orchestrax",
+         "root": st.served_model_name, "max_model_len": st.sampler.max_len}]})
+
+
+# --- weights and admin ----------------------------------------------------------------------------
 def _same_shapes(a: Any, b: Any) -> bool:
     sa = jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), a)
     sb = jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), b)
     return jax.tree.structure(a) == jax.tree.structure(b) and sa == sb
 
 
+def _under_roots(path: str, roots: tuple[str, ...]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep)
+               for r in (os.path.realpath(x) for x in roots))
+
+
 async def update_weights_from_disk(request: web.Request) -> web.Response:
-    st: ServerState = request.app[STATE]
+    st = request.app[STATE]
     try:
         body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
@@ -107,6 +292,15 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     except ProtocolError as e:
         return error(str(e))
     path, version = body["model_path"], body.get("weight_version")
+
+    def failed(message: str, status: int) -> web.Response:
+        return web.json_response({"success": False, "message": message,
+                                  "num_paused_requests": 0}, status=status)
+
+    if not _under_roots(path, st.weight_roots):
+        roots = ", ".join(st.weight_roots) or "none: start serve with --weight-root DIR"
+        return failed(f"model_path {path!r} is outside the weight roots this server was started "
+                      f"with ({roots})", 403)
     async with st.weight_lock:
         try:
             # Reading safetensors is blocking file I/O; keep the event loop serving meanwhile.
@@ -114,8 +308,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
             if not _same_shapes(params, st.sampler.params):
                 raise ValueError(f"{path} holds a different architecture than the served model")
         except Exception as e:  # any load failure is reported, the old weights keep serving
-            return web.json_response({"success": False, "message": f"Failed to update weights: {e}",
-                                      "num_paused_requests": 0}, status=400)
+            return failed(f"Failed to update weights: {e}", 400)
         n_aborted = st.sampler.abort() if body.get("abort_all_requests") else 0
         new_version = str(version) if version is not None else st.sampler.weight_version
         st.sampler.set_params(params, weight_version=new_version)
@@ -128,21 +321,21 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 
 
 async def model_info(request: web.Request) -> web.Response:
-    st: ServerState = request.app[STATE]
+    st = request.app[STATE]
     return web.json_response({"model_path": st.model_path, "tokenizer_path": st.tokenizer_path,
                               "is_generation": True, "preferred_sampling_params": None,
                               "weight_version": st.sampler.weight_version})
 
 
 async def server_info(request: web.Request) -> web.Response:
-    st: ServerState = request.app[STATE]
+    st = request.app[STATE]
     s = st.sampler
     return web.json_response({
         "model_path": st.model_path, "tokenizer_path": st.tokenizer_path,
         "served_model_name": st.served_model_name, "weight_version": s.weight_version,
         "context_length": s.max_len, "max_running_requests": s.max_batch,
         "internal_states": [{"outstanding_requests": s.outstanding, **s.stats}],
-        "version": "orchestrax",
+        "limits": dataclasses.asdict(st.limits), "version": "orchestrax",
     })
 
 
@@ -156,14 +349,14 @@ async def flush_cache(request: web.Request) -> web.Response:
 
 
 async def abort_request(request: web.Request) -> web.Response:
-    st: ServerState = request.app[STATE]
+    st = request.app[STATE]
     try:
         body = await read_json(request)
     except ProtocolError as e:
         return error(str(e))
     if not isinstance(body, dict):
         return error("abort_request needs a JSON object with rid or abort_all")
-    if body.get("abort_all"):
+    if body.get("abort_all") is True:
         st.sampler.abort()
     elif isinstance(body.get("rid"), str):
         st.sampler.abort(body["rid"])
@@ -172,9 +365,20 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+@web.middleware
+async def bearer_auth(request: web.Request, handler):
+    key = request.app[STATE].api_key
+    if key is not None and request.path not in OPEN_PATHS:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return error("missing or wrong bearer token (Authorization: Bearer <key>)", 401)
+    return await handler(request)
+
+
 def make_app(state: ServerState) -> web.Application:
-    from orchestrax.rollout.openai_chat import chat_completions, list_models
-    app = web.Application(client_max_size=1 << 28)
+    # Bodies over the limit get 413 from aiohttp before they are read.
+    app = web.Application(client_max_size=state.limits.max_body_bytes,
+                          middlewares=[bearer_auth])
     app[STATE] = state
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)
@@ -198,8 +402,11 @@ def make_app(state: ServerState) -> web.Application:
 
 async def start(state: ServerState, *, host: str = "127.0.0.1", port: int = 0) -> web.AppRunner:
     """Start serving on (host, port) inside the running loop; port 0 picks a free one (read it
-    back with `bound_port(runner)`)."""
-    runner = web.AppRunner(make_app(state), handle_signals=False)
+    back with `bound_port(runner)`). A client that disconnects cancels its handler
+    (handler_cancellation), which drops its requests; idle connections close after
+    `limits.idle_timeout_s`."""
+    runner = web.AppRunner(make_app(state), handle_signals=False, handler_cancellation=True,
+                           keepalive_timeout=state.limits.idle_timeout_s)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

@@ -1,0 +1,88 @@
+"""Strict JSON field checks for the served APIs, and the limits a client can hit.
+
+JSON gives us bools that are ints, floats that are whole, strings that look like numbers and
+non-standard NaN/Infinity literals; none of them is a valid token count or temperature. Every
+check raises `ProtocolError` naming the field, the value and what is allowed, so one request's
+bad value becomes its own 400 before it can reach a batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+
+class ProtocolError(ValueError):
+    """A request that does not fit the supported API; the server answers 400 with the message."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeLimits:
+    """What one client may ask of `orchestrax serve`; checked before any tokenising or batching."""
+    max_body_bytes: int = 32 << 20     # larger bodies get 413 before they are read
+    max_text_chars: int = 1 << 20      # all text of one request (prompts or chat messages)
+    max_n: int = 64                    # copies of one prompt (`n`)
+    max_requests: int = 1024           # prompts x n in one call
+    max_stop: int = 64                 # stop ids, and stop strings, per request
+    read_timeout_s: float = 60.0       # to receive a whole request body
+    idle_timeout_s: float = 60.0       # a connection with no request in flight is closed
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"ServeLimits.{f.name}={v!r}; must be a number > 0")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def integer(value: Any, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    """A JSON integer (not a bool, float or string) in [lo, hi]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"{name}={_describe(value)} ({type(value).__name__}); must be an "
+                            "integer")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ProtocolError(f"{name}={_describe(value)}; must be in "
+                            f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]")
+    return value
+
+
+def number(value: Any, name: str, *, lo: float, hi: float, lo_open: bool = False) -> float:
+    """A finite JSON number (int or float, not a bool or string) in [lo, hi] (or (lo, hi])."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ProtocolError(f"{name}={_describe(value)} ({type(value).__name__}); must be a "
+                            "number")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ProtocolError(f"{name}={x}; must be a finite number")
+    if x < lo or x > hi or (lo_open and x == lo):
+        raise ProtocolError(f"{name}={x}; must be in {'(' if lo_open else '['}{lo}, {hi}]")
+    return x
+
+
+def boolean(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{name}={_describe(value)}; must be true or false")
+    return value
+
+
+def token_ids(value: Any, name: str, *, vocab_size: int, allow_empty: bool = False
+              ) -> tuple[int, ...]:
+    """A JSON list of token ids in [0, vocab_size)."""
+    if not isinstance(value, list) or (not value and not allow_empty):
+        raise ProtocolError(f"{name} must be a {'' if allow_empty else 'non-empty '}list of "
+                            f"token ids, got {_describe(value)}")
+    for i, t in enumerate(value):
+        integer(t, f"{name}[{i}]", lo=0, hi=vocab_size - 1)
+    return tuple(value)
+
+
+def optional(body: dict, key: str, check, default: Any, *args: Any, name: str | None = None,
+             **kw: Any) -> Any:
+    """`check(body[key], name, ...)`, or `default` when the key is absent or null."""
+    value = body.get(key)
+    return default if value is None else check(value, name or key, *args, **kw)
