@@ -42,7 +42,8 @@ def servers(tmp_path):
             port = _free_port()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrax.cli", "serve", "--model", str(model_dir),
-                 "--port", str(port), "--max-len", "1024", "--max-batch", "16"],
+                 "--port", str(port), "--max-len", "1024", "--max-batch", "16",
+                 "--weight-root", str(tmp_path)],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             procs.append(proc)
             line = proc.stdout.readline()

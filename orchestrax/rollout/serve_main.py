@@ -10,8 +10,16 @@ import signal
 from orchestrax import models
 from orchestrax.rollout.embedded import EmbeddedSampler
 from orchestrax.rollout.server import ServerState, bound_port, start
+from orchestrax.rollout.validate import ServeLimits
 
 log = logging.getLogger("orchestrax.serve")
+
+
+def limits(args: argparse.Namespace) -> ServeLimits:
+    given = {"max_n": args.max_n, "max_requests": args.max_requests,
+             "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_text_chars,
+             "read_timeout_s": args.read_timeout, "idle_timeout_s": args.read_timeout}
+    return ServeLimits(**{k: v for k, v in given.items() if v is not None})
 
 
 def build_state(args: argparse.Namespace) -> ServerState:
@@ -31,7 +39,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
                               weight_version=args.weight_version, seed=args.seed)
     return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
                        tokenizer_path=tok_path, chat_template=template,
-                       served_model_name=args.served_model_name,
+                       served_model_name=args.served_model_name, limits=limits(args),
+                       api_key=args.api_key or None, weight_roots=tuple(args.weight_root),
                        load_weights=lambda path: models.load_hf(path, dtype=args.dtype))
 
 
