@@ -28,7 +28,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode, run_episodes
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.pool import EpisodePool
-from orchestrax.agent.scripted import scripted_logprob, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import scripted_logprob, tiny_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 from orchestrax.tools.base import Pricing, ToolResult, ToolSpec
@@ -111,7 +111,7 @@ class PlanPlayer:
     """What each pool worker runs: the same sampler, tools and executor settings as `run`."""
 
     def __init__(self, plan):
-        tokenizer = tiny_qwen3_tokenizer()
+        tokenizer = tiny_tokenizer()  # the `tokenizers` library alone, as in training workers
         self.codec = Codec(tokenizer)
         self.sampler = PlanSampler(tokenizer, plan)
         self.tools = [SleepForTool(n) for n in TOOL_NAMES]
@@ -166,7 +166,7 @@ def main():
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
 
-    tokenizer = tiny_qwen3_tokenizer()
+    tokenizer = tiny_tokenizer()
     plan = make_plan(args.episodes, args.turns, args.seed)
     bound = lower_bound(plan, len(plan))
     calls = sum(len(c) for turns in plan for c in turns)
@@ -208,10 +208,11 @@ def main():
     line = (f"rollout_concurrency (CPU, {os.cpu_count()} cores): {args.episodes} episodes x "
             f"{args.turns} turns, {calls} tool calls of 20-100 ms, {tokens:,} trajectory tokens, "
             f"critical-path bound {bound:.2f} s: EpisodePool of {args.workers} worker processes "
-            f"wall {pool_wall:.2f} s (median of {args.repeats}: "
+            f"ready in {started:.1f} s, wall "
+            f"{pool_wall:.2f} s (median of {args.repeats}: "
             f"{', '.join(f'{w:.2f}' for w in walls)}), efficiency {bound / pool_wall:.2f}, worker "
             f"CPU {pool_cpu:.2f} s = {pool_cpu / turns * 1e6:.0f} us per assistant turn, worker "
-            f"peak RSS {pool_rss:,.0f} MiB in all, pool start {started:.1f} s; one event loop "
+            f"peak RSS {pool_rss:,.0f} MiB in all; one event loop "
             f"wall {wall:.2f} s, efficiency {bound / wall:.2f} (CPU {cpu / turns * 1e6:.0f} us "
             f"per turn; efficiency at {', '.join(sweep)} episodes), peak RSS {rss:,.0f} MiB; "
             f"{len(sub)} episodes on one loop: all in flight {wall_sub:.2f} s (bound "

@@ -126,23 +126,39 @@ class EpisodePool:
                              "(episodes alive at once in each worker)")
         self._build, self._max_in_flight = build, max_in_flight
         self._ctx = multiprocessing.get_context("spawn")
-        self._workers = [self._start() for _ in range(workers)]
+        # All workers boot at once (interpreter, imports, `build`), so the pool is ready in about
+        # one worker's start time rather than the sum of them.
+        self._workers = self._await_ready([self._launch() for _ in range(workers)])
 
     @property
     def pids(self) -> list[int]:
         return [proc.pid for proc, _ in self._workers]
 
-    def _start(self):
+    def _launch(self):
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker_main, args=(child, self._build, self._max_in_flight),
                                  daemon=True, name="orchestrax-episodes")
         proc.start()
         child.close()
-        status, detail = self._receive(parent, proc)
-        if status != "ready":
-            proc.join()
-            raise WorkerError(f"episode worker failed to build its player:\n{detail}")
         return proc, parent
+
+    def _await_ready(self, launched: list) -> list:
+        failure = None
+        for proc, conn in launched:
+            status, detail = self._receive(conn, proc)
+            if status != "ready" and failure is None:
+                failure = detail
+        if failure is not None:
+            for proc, conn in launched:
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join()
+                conn.close()
+            raise WorkerError(f"episode worker failed to build its player:\n{failure}")
+        return launched
+
+    def _start(self):
+        return self._await_ready([self._launch()])[0]
 
     @staticmethod
     def _receive(conn, proc) -> tuple[str, Any]:
