@@ -1,0 +1,11 @@
+# expect: done
+# Double fork and setsid: a daemon that outlives its parent must still die with the run.
+import time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.close(1); os.close(2)
+        time.sleep(3600)
+    os._exit(0)
+os.wait()
+print("DONE")
