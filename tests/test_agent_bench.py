@@ -8,7 +8,7 @@ import rollout_concurrency as rc  # noqa: E402
 
 
 def test_bench_workload_small():
-    tok = rc.tiny_qwen3_tokenizer()
+    tok = rc.tiny_tokenizer()
     plan = rc.make_plan(12, 3, seed=1)
     wall, cpu, trajs = rc.run(tok, plan, in_flight=4)
     rc.check(trajs, plan)
