@@ -25,7 +25,7 @@ import time
 from typing import Literal
 
 from orchestrax.tools import sandbox_limits
-from orchestrax.tools.sandbox_seccomp import build_filter
+from orchestrax.tools.sandbox_seccomp import build_filter, native_arch
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,6 @@ SandboxMode = Literal["bwrap", "none"]
 LimitsMode = Literal["auto", "cgroup", "uid"]
 TRUNCATION_MARKER = "\n[... truncated {n} bytes ...]\n"
 _SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
-_FILTER = build_filter()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,6 +126,10 @@ def check_available(config: SandboxConfig) -> None:
         raise SandboxUnavailable("prlimit (util-linux) is not installed; it sets the rlimits")
     if not os.access(config.python, os.X_OK):
         raise SandboxUnavailable(f"SandboxConfig.python={config.python!r} is not an executable")
+    try:
+        native_arch()
+    except ValueError as e:
+        raise SandboxUnavailable(str(e)) from None
     if not _bwrap_disables_userns():
         raise SandboxUnavailable("bwrap lacks --disable-userns (bubblewrap >= 0.8.0 needed)")
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
@@ -136,6 +139,11 @@ def check_available(config: SandboxConfig) -> None:
             "SandboxConfig.limits='cgroup' but this process cannot create a cgroup with the memory "
             "and pids controllers (needs root and a writable cgroup v2 with them delegated, or "
             "writable v1 memory and pids hierarchies); use limits='auto' or 'uid'")
+
+
+@functools.cache
+def _filter() -> bytes:
+    return build_filter()
 
 
 @functools.cache
@@ -289,7 +297,7 @@ def _filter_pipe() -> int:
     buffer, so no reader is needed yet). One per run: bwrap reads it to EOF."""
     r, w = os.pipe()
     try:
-        os.write(w, _FILTER)
+        os.write(w, _filter())
     finally:
         os.close(w)
     return r
