@@ -17,6 +17,7 @@ from orchestrax.eval.metrics import preference_adherence, summarize
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
+from orchestrax.rollout.base import SamplingParams
 
 CHEAP = '<tool_call>\n{"name": "lookup_cheap", "arguments": {}}\n</tool_call>'
 FAST = '<tool_call>\n{"name": "lookup_fast", "arguments": {}}\n</tool_call>'
@@ -138,3 +139,42 @@ def test_run_eval_outputs_and_baseline_file(tmp_path):
     assert rows[2]["cents_per_task"] == pytest.approx(0.1)
     csv_lines = (tmp_path / "cheap" / "eval.csv").read_text().splitlines()
     assert len(csv_lines) == 3 and "calls_lookup_cheap" in csv_lines[0]
+
+
+def test_sweep_at_temperature_runs_every_limit():
+    """Sampling (T > 0) cannot be cut after the fact: each limit is its own run. The scripted
+    policy ignores T, so the runs must agree with the hand-worked cut numbers."""
+    tok = tiny_qwen3_tokenizer()
+    hot = EvalConfig(episode=EpisodeConfig(max_turns=4, enable_thinking=False,
+                                           sampling=SamplingParams(temperature=0.7)),
+                     seconds_per_token=0.0)
+    policy = routing_policy(tok, three_calls_then_answer)
+    run = EvalRun(task_sets=("routing",), cfg=hot, turn_limits=(2,), options=OPTS, progress=False)
+    rows = {r["turn_limit"]: r for r in asyncio.run(run_eval(policy, run))["rows"]}
+    assert rows[2]["accuracy"] == 0.0 and rows[4]["accuracy"] == 1.0
+    assert rows[2]["cents_per_task"] == pytest.approx(0.2)
+    assert rows[4]["cents_per_task"] == pytest.approx(0.3)
+    # 4 tasks x (3 turns at limit 4 + 2 at limit 2) generate calls
+    assert policy.sampler.calls == 4 * (4 + 2)
+
+
+def test_tau2_task_set_gets_eval_preferences(shared_data):
+    ts = load_task_set("tau2:retail", TaskSetOptions(limit=3))
+    assert ts.name == "tau2:retail" and len(ts.tasks) == 3
+    for task in ts.tasks:
+        tools = ts.env.tools(task)
+        assert len(task.preference) == len(tools) + 3
+        assert task.preference[:len(tools)] == (0.0,) * len(tools)  # no wish names a DB function
+        assert task.preference_instruction
+    again = load_task_set("tau2:retail", TaskSetOptions(limit=3))
+    assert [t.preference_instruction for t in again.tasks] == [
+        t.preference_instruction for t in ts.tasks]
+
+
+def test_task_set_errors_name_what_is_allowed(tmp_path):
+    with pytest.raises(ValueError, match="allowed: routing, tau2:retail"):
+        load_task_set("gsm8k")
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_task_set(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(ValueError, match="turn_limits"):
+        EvalRun(task_sets=("routing",), turn_limits=(0,))
