@@ -133,7 +133,8 @@ def test_run_eval_outputs_and_baseline_file(tmp_path):
     assert {f.name for f in files} == {"eval.json", "eval.csv", "accuracy_vs_cost.png",
                                        "calls_per_tool.png"}
     assert all(f.stat().st_size > 0 for f in files)
-    rows = {r["turn_limit"]: r for r in json.loads((tmp_path / "cheap" / "eval.json").read_text())["rows"]}
+    payload = json.loads((tmp_path / "cheap" / "eval.json").read_text())
+    rows = {r["turn_limit"]: r for r in payload["rows"]}
     assert sorted(rows) == [2, 4]
     assert rows[4]["accuracy"] == 1.0 and rows[4]["adherence"] == 0.5
     assert rows[2]["cents_per_task"] == pytest.approx(0.1)

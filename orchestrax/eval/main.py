@@ -178,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True,
-                   help="a training run dir or HF dir (embedded sampler), sglang:URL, or openai:URL")
+                   help="a training run dir or HF dir (embedded sampler), sglang:URL, or "
+                        "openai:URL")
     p.add_argument("--model", help="model name for an openai: policy")
     p.add_argument("--api-key-env", help="env var with the bearer key of an openai: policy")
     p.add_argument("--tokenizer", help="'tiny' or a HF tokenizer dir (default: the policy dir's)")

@@ -3,11 +3,13 @@ calls per tool (Table 15), and preference adherence (Appendix L, Eq. 6).
 
 Preference adherence, as computed here: for each task that has a preference vector P, the
 policy's trajectory and the baseline's trajectory on the same task form a group of two; each
-feature of M = [calls per tool…, outcome, −cost, −latency] is min–max normalised over that pair
+feature of M = [calls per tool…, outcome, −cost, −latency] is min–max normalised over the pair
 (a feature equal in both counts 0), and the score is M_norm · P when the policy solved the task,
 else 0: the paper's training reward (Eq. 2) with the baseline as the only other member of the
-group. The mean over tasks is reported; a policy that behaves exactly like the baseline on every
-feature scores outcome-only 0, one that does better on what P weighs scores up to sum(P).
+group. The mean over tasks is reported: a policy that behaves exactly like the baseline scores
+0, one that beats it on everything P weighs scores sum(P) on that task. The paper text at hand
+describes Eq. 6 only as normalising trajectory features against a baseline model's behaviour and
+weighting them by P; this is our reading of it, and the baseline run is the caller's choice.
 """
 
 from __future__ import annotations

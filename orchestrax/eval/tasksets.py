@@ -27,7 +27,9 @@ TAU2_DOMAINS = ("retail", "airline", "telecom")
 def data_dir() -> pathlib.Path:
     """$ORCHESTRAX_DATA, else ../shared/data next to the repository."""
     env = os.environ.get("ORCHESTRAX_DATA")
-    return pathlib.Path(env) if env else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
