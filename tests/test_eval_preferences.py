@@ -1,5 +1,6 @@
 """Per-instance preferences (Pairs_train / Pairs_eval) and tool/pricing randomisation."""
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -108,3 +109,26 @@ def test_an_existing_preference_is_kept(qa_env):
                                preference_instruction="mine")
     inst = prepare_instance(task, qa_env, split="train", seed=1)
     assert inst.preference == (0, 0, 0, 1, 0, 0) and inst.preference_instruction == "mine"
+
+
+def test_tau2_env_offers_a_catalog_that_the_verdict_ignores(shared_data):
+    from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
+    from orchestrax.envs.tau2 import load_domain
+    from orchestrax.envs.tau2.env import Tau2Env
+    from orchestrax.envs.tau2.verify import gold_actions
+
+    dom = load_domain(shared_data / "tau2" / "retail")
+    env = Tau2Env(dom, tools={"ask_llm": SleepTool("ask_llm")})
+    raw = next(t for t in dom.tasks if gold_actions(t)
+               and not t["evaluation_criteria"].get("communicate_info"))
+    task = next(t for t in env.tasks("all") if t.metadata["tau2_id"] == raw["id"])
+    names = [t.spec.name for t in env.tools(task)]
+    assert names[-1] == "ask_llm" and len(names) == len(dom.tools()) + 1
+    calls = [ToolCallRecord(name="ask_llm", arguments={"q": "?"}, observation="x")]
+    calls += [ToolCallRecord(name=c["name"], arguments=c["arguments"], observation="")
+              for c in gold_actions(raw)]
+    traj = Trajectory(task_id=task.task_id, turns=[TurnRecord(text="", tool_calls=calls)])
+    assert asyncio.run(env.verify(task, traj)) == 1.0
+    clash = dom.tools()[0].spec.name
+    with pytest.raises(ValueError, match=clash):
+        Tau2Env(dom, tools={clash: SleepTool(clash)})
