@@ -11,11 +11,11 @@ import json
 import pathlib
 from typing import Any, Iterable
 
-from orchestrax.envs.schema import ArgumentError, check_arguments
 from orchestrax.envs.tau2 import airline, retail
 from orchestrax.envs.tau2.db import DomainDB, Rejected
 from orchestrax.envs.tau2.functions import DomainFunction
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.schema import ArgumentError, check_arguments
 
 _DOMAINS = {"retail": retail, "airline": airline}
 

@@ -1,0 +1,238 @@
+"""Bounds on a whole sandbox run: the leased host uid and the run's cgroup, seen from the host.
+Runs as root (as CI does); the uid ranges here are the tests' own so they never meet another
+test's runs."""
+
+import asyncio
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from orchestrax.tools import sandbox_limits
+from orchestrax.tools.sandbox import SandboxConfig, run_python
+
+BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uid pool and cgroups are root-only")
+
+
+def cfg(base: int, **kw) -> SandboxConfig:
+    return SandboxConfig(**{"wall_timeout_s": 4.0, "cpu_seconds": 3, "host_uid_base": base,
+                            "host_uid_slots": 8, **kw})
+
+
+def run(code, config):
+    return asyncio.run(run_python(code, config))
+
+
+def hold_lock(uid: int) -> subprocess.Popen:
+    """Another process holding uid's lease lock, as a concurrent orchestrax process would."""
+    script = ("import fcntl, os, sys, time\n"
+              f"fd = os.open({str(sandbox_limits.lock_dir() / f'uid-{uid}.lock')!r}, "
+              "os.O_RDWR | os.O_CREAT)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "locked\n"
+    return p
+
+
+def lease_now(base: int, slots: int = 8) -> int:
+    async def go():
+        uid, fd = await sandbox_limits.lease_uid(base, slots, wait_s=1.0)
+        os.close(fd)
+        return uid
+    return asyncio.run(go())
+
+
+def test_a_uid_with_a_live_process_or_held_lock_is_not_leased():
+    base = 310_000
+    assert lease_now(base) == base
+    sleeper = subprocess.Popen(["setpriv", f"--reuid={base}", f"--regid={base}", "--clear-groups",
+                                "sleep", "60"])
+    holder = hold_lock(base + 1)
+    try:
+        time.sleep(0.1)  # setpriv has exec'd sleep under the uid
+        assert lease_now(base) == base + 2
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        holder.kill()
+        holder.wait()
+    assert lease_now(base) == base
+
+
+def test_no_free_uid_gives_an_error_result_not_an_exception():
+    base = 320_000
+    holder = hold_lock(base)
+    try:
+        r = run("print(1)", cfg(base, host_uid_slots=1, wall_timeout_s=0.5))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.error is not None and "no free sandbox host uid" in r.error
+    assert r.observation().startswith("[sandbox error: SandboxBusy")
+    assert run("print(1)", cfg(base, host_uid_slots=1)).stdout == "1\n"
+
+
+def test_the_run_cgroup_carries_the_limits_and_the_leased_uid_then_goes():
+    host = sandbox_limits.cgroup_host()
+    assert host is not None, ("running as root, this host must allow a cgroup with memory and pids "
+                              "(see BUILD.md, sandbox): CI relies on it")
+    base = 330_000
+    config = cfg(base, memory_bytes=300 << 20, processes=20)
+    name = f"{sandbox_limits.CGROUP_PREFIX}{base}"
+    seen = {}
+
+    def watch():
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not seen.get("procs"):
+            dirs = [p / name for p in host.parents]
+            try:
+                if host.version == 1:
+                    seen["memory"] = int((dirs[0] / "memory.limit_in_bytes").read_text())
+                    seen["pids"] = int((dirs[1] / "pids.max").read_text())
+                else:
+                    seen["memory"] = int((dirs[0] / "memory.max").read_text())
+                    seen["pids"] = int((dirs[0] / "pids.max").read_text())
+                seen["procs"] = sandbox_limits.RunCgroup(host, name).pids()
+                seen["uids"] = {os.stat(f"/proc/{p}").st_uid for p in seen["procs"]}
+            except (FileNotFoundError, ValueError):
+                time.sleep(0.01)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = run("import time; time.sleep(1.5); print('slept')", config)
+    t.join()
+    assert r.stdout == "slept\n"
+    assert seen["memory"] == 300 << 20 and seen["pids"] == 20
+    assert seen["procs"] and seen["uids"] == {base}
+    assert not any((p / name).exists() for p in host.parents)
+
+
+def test_a_leftover_cgroup_of_a_crashed_holder_is_emptied_and_reused():
+    host = sandbox_limits.cgroup_host()
+    assert host is not None
+    base = 340_000
+    stale = sandbox_limits.RunCgroup(host, f"{sandbox_limits.CGROUP_PREFIX}{base}")
+    stale.create(64 << 20, 4)
+    orphan = subprocess.Popen(["/bin/sh", "-c", f"echo $$ > {stale.procs_files()[0]} && exec sleep 60"])
+    try:
+        for _ in range(100):
+            if stale.pids():
+                break
+            time.sleep(0.01)
+        assert stale.pids() == {orphan.pid}
+        r = run("print('reused')", cfg(base))
+        assert r.stdout == "reused\n"
+        assert orphan.wait(timeout=5) == -9
+        assert not any(d.exists() for d in stale.dirs)
+    finally:
+        orphan.kill()
+        asyncio.run(stale.kill_and_remove())
+
+
+def mem_available_mib() -> int:
+    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no MemAvailable")
+
+
+def test_memory_summed_over_children_is_capped_on_the_host():
+    """The issue's case: 4 children x 800 MB took the host from 476 MB to 3.7 GB used. With a
+    512 MB run cap, the host's available memory must not drop by much more than that."""
+    assert sandbox_limits.cgroup_host() is not None
+    hog = ("import os, time\n"
+           "for _ in range(4):\n"
+           "    if os.fork() == 0:\n"
+           "        x = b'x' * (800 << 20)\n"
+           "        time.sleep(30)\n"
+           "        os._exit(0)\n"
+           "for _ in range(4):\n"
+           "    print(os.wait(), flush=True)\n")
+    before = mem_available_mib()
+    low = [before]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            low[0] = min(low[0], mem_available_mib())
+            time.sleep(0.005)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    r = run(hog, cfg(350_000, memory_bytes=512 << 20, wall_timeout_s=15, cpu_seconds=15))
+    done.set()
+    t.join()
+    assert r.memory_limit_hit, r
+    assert "memory limit of the run" in r.observation()
+    # 3.2 GB asked; 512 MB allowed; 600 MB of margin for the other jobs on this host
+    assert before - low[0] < 512 + 600, (before, low[0])
+
+
+@pytest.mark.parametrize("limits", ["auto", "uid"])
+def test_after_a_fork_bomb_and_63_runs_an_innocent_run_still_works(limits):
+    """Round-robin uids broke this: the 64th run landed on the bomb's uid while its processes
+    were still counted. Runs go 8 at a time; the pool has 64 slots, as by default."""
+    config = cfg(360_000 if limits == "auto" else 370_000, host_uid_slots=64, limits=limits,
+                 processes=16, wall_timeout_s=2.0, cpu_seconds=2)
+
+    async def scenario():
+        bomb = await run_python(BOMB, config)
+        gate = asyncio.Semaphore(8)
+
+        async def one(i):
+            async with gate:
+                return await run_python(f"print({i} * 3)", config)
+
+        others = await asyncio.gather(*(one(i) for i in range(63)))
+        victim = await run_python("print('victim ok')", config)
+        return bomb, others, victim
+
+    bomb, others, victim = asyncio.run(scenario())
+    assert bomb.timed_out or (bomb.exit_code or 0) < 0
+    assert [r.stdout for r in others] == [f"{i * 3}\n" for i in range(63)], \
+        [r.observation() for r in others if r.exit_code != 0][:3]
+    assert victim.stdout == "victim ok\n", victim.observation()
+
+
+@pytest.mark.parametrize("limits", ["auto", "uid"])
+def test_a_fork_bomb_does_not_starve_concurrent_runs(limits):
+    config = cfg(380_000 if limits == "auto" else 390_000, limits=limits, processes=16,
+                 wall_timeout_s=3.0, cpu_seconds=3)
+
+    async def scenario():
+        bomb = asyncio.create_task(run_python(BOMB, config))
+        await asyncio.sleep(0.5)  # the bomb has filled its cap by now
+        innocents = await asyncio.gather(*(run_python(
+            "import subprocess; print(subprocess.run(['echo', 'child ok'], capture_output=True,"
+            " text=True).stdout.strip())", config) for _ in range(4)))
+        return await bomb, innocents
+
+    bomb, innocents = asyncio.run(scenario())
+    assert [r.stdout for r in innocents] == ["child ok\n"] * 4, [r.observation() for r in innocents]
+    assert bomb.timed_out or (bomb.exit_code or 0) < 0
+    lo, hi = config.host_uid_base, config.host_uid_base + config.host_uid_slots
+    assert not [p for u, ps in sandbox_limits._proc_uids().items() if lo <= u < hi for p in ps
+                if not sandbox_limits._is_zombie(p)]
+
+
+def test_uid_mode_makes_no_cgroup():
+    host = sandbox_limits.cgroup_host()
+    base = 395_000
+    seen = []
+
+    def watch():
+        for _ in range(100):
+            seen.extend(d for p in (host.parents if host else ()) for d in
+                        p.glob(f"{sandbox_limits.CGROUP_PREFIX}{base}"))
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = run("import time; time.sleep(1); print('ok')", cfg(base, limits="uid"))
+    t.join()
+    assert r.stdout == "ok\n" and seen == []
