@@ -10,13 +10,20 @@ tools from the task see the same instance.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from orchestrax.data import preferences
-from orchestrax.envs.base import Environment, Task
+from orchestrax.data.records import Task
+from orchestrax.tools.base import Tool
 from orchestrax.tools.randomize import (RandomizeConfig, ToolConfigSample, sample_config,
                                         with_tool_config)
 from orchestrax.tools.sheets import load_sheet
+
+
+class _Env(Protocol):
+    """What an instance needs of an environment (envs sit above data: no import from there)."""
+
+    def tools(self, task: Task) -> list[Tool]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,7 +55,7 @@ def _tool_sample(catalog_names: Sequence[str], split: preferences.Pool, seed: in
     return sample
 
 
-def prepare_instance(task: Task, env: Environment, *, split: preferences.Pool, seed: int,
+def prepare_instance(task: Task, env: _Env, *, split: preferences.Pool, seed: int,
                      config: InstanceConfig = InstanceConfig()) -> Task:
     """`task` with its instance's tool config and preference. The randomised tools are the
     env's `catalog` (QA, tau2); a task that already has a preference (the routing demo's own)
