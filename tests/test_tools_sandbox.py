@@ -6,6 +6,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 import uuid
 
 import pytest
@@ -213,6 +214,11 @@ def test_config_validation_names_the_field():
         SandboxConfig(mode="docker")
     with pytest.raises(ValueError, match="wall_timeout_s"):
         SandboxConfig(wall_timeout_s=0)
+    with pytest.raises(ValueError, match=r"limits='docker'.*'auto', 'cgroup', 'uid'"):
+        SandboxConfig(limits="docker")
+    with pytest.raises(ValueError, match="memory_bytes=0"):
+        SandboxConfig(memory_bytes=0)
+    assert "--disable-userns" in build_argv(CFG)
     assert "--unshare-all" in build_argv(CFG) and "--cap-drop" in build_argv(CFG)
 
 
@@ -235,29 +241,60 @@ def test_twenty_concurrent_runs_all_succeed():
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(20)]
 
 
-def _world_traversable(path: pathlib.Path) -> bool:
-    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+def _readable_copy_of_the_sandbox(dest_root: pathlib.Path) -> pathlib.Path:
+    """The sandbox modules copied where any user can read them: a CI clone may sit under a
+    directory the unprivileged uid cannot enter (root's home)."""
+    dest = dest_root / "orchestrax" / "tools"
+    dest.mkdir(parents=True)
+    src = REPO / "orchestrax" / "tools"
+    for name in ("__init__.py", "sandbox.py", "sandbox_limits.py", "sandbox_seccomp.py"):
+        shutil.copy(src / name, dest / name)
+    for d in (dest_root, dest_root / "orchestrax", dest):
+        d.chmod(0o755)
+    for f in dest.iterdir():
+        f.chmod(0o644)
+    return dest_root
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
-                    or not _world_traversable(REPO / "orchestrax" / "tools"),
-                    reason="needs root to impersonate an unprivileged user who can read the repo")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
 def test_sandbox_started_by_an_unprivileged_user():
     """CI may run as a normal user: RLIMIT_NPROC then counts that user's other processes too,
-    so the limit is raised by their number; the fork bomb is still contained."""
-    script = (
-        "import asyncio, sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from orchestrax.tools.sandbox import SandboxConfig, run_python\n"
-        "cfg = SandboxConfig(wall_timeout_s=2, cpu_seconds=2, processes=16)\n"
-        "print(asyncio.run(run_python('import os; print(os.getuid())', cfg)).stdout.strip())\n"
-        "bomb = 'import os\\nwhile True:\\n    try: os.fork()\\n    except OSError: pass\\n'\n"
-        "r = asyncio.run(run_python(bomb, cfg))\n"
-        "print(r.timed_out or (r.exit_code or 0) < 0)\n")
-    uid = 54321
-    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                          "env", "-i", "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", script],
-                         capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["65534", "True"], out.stderr
+    so the limit is raised by their number; the fork bomb is still contained, the seccomp filter
+    and --disable-userns still apply (no uid pool or cgroup without root)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="orchestrax-unpriv-", dir="/tmp"))
+    try:
+        copy = _readable_copy_of_the_sandbox(root)
+        script = (
+            "import asyncio, sys\n"
+            f"sys.path.insert(0, {str(copy)!r})\n"
+            "from orchestrax.tools.sandbox import SandboxConfig, run_python\n"
+            "cfg = SandboxConfig(wall_timeout_s=2, cpu_seconds=2, processes=16)\n"
+            "probe = 'import os, ctypes; l = ctypes.CDLL(None, use_errno=True); '"
+            "        'print(os.getuid(), l.unshare(0x10000000), ctypes.get_errno())'\n"
+            "print(asyncio.run(run_python(probe, cfg)).stdout.strip())\n"
+            "bomb = 'import os\\nwhile True:\\n    try: os.fork()\\n    except OSError: pass\\n'\n"
+            "r = asyncio.run(run_python(bomb, cfg))\n"
+            "print(r.timed_out or (r.exit_code or 0) < 0)\n")
+        uid = 54321
+        out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                              "env", "-i", "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", script],
+                             capture_output=True, text=True, timeout=60, cwd="/")
+    finally:
+        shutil.rmtree(root)
+    assert out.stdout.split() == ["65534", "-1", "1", "True"], out.stderr
     ps = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout
     assert [l for l in ps.splitlines() if l.split()[0] == str(uid) and "Z" not in l.split()[1]] == []
+
+
+def test_run_python_never_raises():
+    r = run("print('\ud800')")  # a lone surrogate in the source itself (was UnicodeEncodeError)
+    assert r.error is None and r.exit_code == 1 and "SyntaxError" in r.stderr
+    r = run("print('\\ud800')")  # one the program makes and prints
+    assert r.exit_code == 1 and "UnicodeEncodeError" in r.stderr
+    r = run("import sys; sys.stdout.buffer.write(b'\\xff\\xfe ok')")
+    assert r.stdout == "\ufffd\ufffd ok"
+    r = run("print(1)", SandboxConfig(python="/nonexistent/python3"))
+    assert r.error is not None and "SandboxConfig.python" in r.error
+    assert r.observation().startswith("[sandbox error: SandboxUnavailable")
+    res = asyncio.run(PythonTool(CFG)({"code": "print('\ud800')"}))
+    assert "SyntaxError" in res.observation
