@@ -191,7 +191,10 @@ class FlowRunner:
     def tools_for(self, task: Task) -> list:
         from orchestrax.agent.subagent import FileReadTool
         files = task.metadata.get("attachments") or ()
-        return [*self.env.tools(task), *self.tools, *([FileReadTool(files)] if files else [])]
+        tools = {t.spec.name: t for t in self.env.tools(task)}   # the task's own tools win
+        for tool in [*self.tools, *([FileReadTool(files)] if files else [])]:
+            tools.setdefault(tool.spec.name, tool)
+        return list(tools.values())
 
     async def play(self, task: Task, sampling) -> tuple[SubagentRollout, float]:
         agents = build_subagents(self.tools_for(task), self.subagent_sampler, self.codec,
