@@ -195,3 +195,43 @@ def test_demonstrations_play_through_the_agent_loop_and_stats():
 def test_config_errors_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RoutingConfig(**kwargs)
+
+
+def test_pool_preferences_come_from_disjoint_train_and_eval_pairs():
+    from orchestrax.data import preferences
+
+    cfg = RoutingConfig(preferences=("pool",), eval_preferences=("pool",), num_train=60,
+                        num_eval=40)
+    env = RoutingEnv(cfg)
+    names = [t.name for t in cfg.tools]
+
+    def texts(split):
+        return {p.instruction.format(tool=n) for p in preferences.pairs(split) for n in names}
+
+    for split, pool in (("train", texts("train")), ("eval", texts("eval"))):
+        tasks = env.tasks(split)
+        said = {t.messages[1]["content"].split("Preference: ", 1)[1] for t in tasks}
+        assert said <= pool and len(said) > 4
+        for t in tasks:
+            P, want = t.preference, t.metadata["preferred_tool"]
+            assert len(P) == len(names) + 3 and P[len(names)] == 1.0
+            named = [n for n, w in zip(names, P) if w > 0]
+            if named:
+                assert want == named[0]
+            elif P[-2] > P[-1]:
+                assert want == "lookup_cheap"
+            elif P[-1] > P[-2]:
+                assert want == "lookup_fast"
+            else:
+                assert want is None
+    assert texts("train").isdisjoint(texts("eval"))
+    again = RoutingEnv(cfg)
+    assert [t.messages for t in again.tasks("eval")] == [t.messages for t in env.tasks("eval")]
+    # stats skip tasks whose P favours no single tool
+    neutral = [t for t in env.tasks("train") if t.metadata["preferred_tool"] is None][:1]
+    one = [t for t in env.tasks("train") if t.metadata["preferred_tool"] == "lookup_cheap"][:1]
+    call = Trajectory(task_id="x", turns=[TurnRecord(text="", tool_calls=[ToolCallRecord(
+        name="lookup_cheap", arguments={}, observation="")])])
+    assert neutral and one
+    stats = env.stats(neutral + one, [[call], [call]])
+    assert stats["preferred_tool_rate"] == 1.0 and stats["tool_share_lookup_cheap"] == 1.0

@@ -29,9 +29,11 @@ import dataclasses
 import random
 from typing import Any, Sequence
 
+from orchestrax.data import preferences as pairs
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.randomize import instance_seed
 
 SYSTEM_PROMPT = "Run the job with one tool call, then reply <answer>done</answer>."
 JOBS = ("Fetch the report.", "Send the invoice.", "Check the order.", "Book the room.",
@@ -56,7 +58,10 @@ class RoutingConfig:
     num_train: int = 256
     num_eval: int = 32
     tools: tuple[LookupTool, ...] = DEFAULT_TOOLS
-    # "cost", "latency", or a tool name (the user asks for that tool); tasks cycle through them
+    # "cost", "latency", or a tool name (the user asks for that tool); tasks cycle through them.
+    # "pool": each task draws P and its instruction from Pairs_train (train split) or Pairs_eval
+    # (eval split), which share no instruction; the demo keeps its two fixed sentences, which
+    # its 2-layer model can read.
     preferences: tuple[str, ...] = ("cost", "latency")
     # The eval split always mixes these, so a run trained under one preference is measured on both.
     eval_preferences: tuple[str, ...] = ("cost", "latency")
@@ -70,13 +75,13 @@ class RoutingConfig:
             raise ValueError(f"RoutingConfig.tools must be >= 2 tools with distinct names; got {names}")
         if any(t.usd_per_call < 0 or t.latency_s < 0 for t in self.tools):
             raise ValueError("RoutingConfig.tools: usd_per_call and latency_s must be >= 0")
-        allowed = ["cost", "latency", *names]
+        allowed = ["cost", "latency", "pool", *names]
         for field in ("preferences", "eval_preferences"):
             value = getattr(self, field)
             if not value or any(k not in allowed for k in value):
                 raise ValueError(f"RoutingConfig.{field}={value!r}; allowed: {allowed}")
         for kind in ("cost", "latency"):
-            if kind in self.preferences:
+            if kind in self.preferences or "pool" in self.preferences + self.eval_preferences:
                 key = (lambda t: t.usd_per_call) if kind == "cost" else (lambda t: t.latency_s)
                 best = sorted(key(t) for t in self.tools)
                 if best[0] == best[1]:
@@ -95,6 +100,19 @@ def preferred_tool(config: RoutingConfig, kind: str) -> str:
 def preference_vector(config: RoutingConfig, kind: str) -> tuple[float, ...]:
     tools = [1.0 if t.name == kind else 0.0 for t in config.tools]
     return (*tools, 1.0, float(kind == "cost"), float(kind == "latency"))
+
+
+def preferred_from_vector(config: RoutingConfig, P: Sequence[float]) -> str | None:
+    """The tool P favours: the one it names, else the cheapest (compute > latency) or the
+    fastest (latency > compute); None when P does not single one out."""
+    names = [t.name for t in config.tools]
+    named = [n for n, w in zip(names, P[:len(names)]) if w > 0]
+    if named:
+        return named[0]
+    compute, latency = P[-2], P[-1]
+    if compute == latency:
+        return None
+    return preferred_tool(config, "cost" if compute > latency else "latency")
 
 
 def preference_text(kind: str) -> str:
@@ -134,13 +152,21 @@ class RoutingEnv(Environment):
         for i in range(n):
             job = rng.choice(JOBS)
             kind = kinds[i % len(kinds)]
+            task_id = f"routing/{split}/{i}"
+            if kind == "pool":
+                P, text = pairs.draw("train" if split == "train" else "eval",
+                                     [t.name for t in self.config.tools],
+                                     instance_seed(self.config.seed, task_id))
+                want, text = preferred_from_vector(self.config, P), f"Preference: {text}"
+            else:
+                P, text = preference_vector(self.config, kind), preference_text(kind)
+                want = preferred_tool(self.config, kind)
             tasks.append(Task(
-                task_id=f"routing/{split}/{i}",
+                task_id=task_id,
                 messages=({"role": "system", "content": SYSTEM_PROMPT},
-                          {"role": "user", "content": f"{job} {preference_text(kind)}"}),
-                preference=preference_vector(self.config, kind), answer="done",
-                metadata={"job": job, "preference_kind": kind,
-                          "preferred_tool": preferred_tool(self.config, kind)}))
+                          {"role": "user", "content": f"{job} {text}"}),
+                preference=P, answer="done",
+                metadata={"job": job, "preference_kind": kind, "preferred_tool": want}))
         return tasks
 
     def tasks(self, split: str = "train") -> list[Task]:
@@ -181,10 +207,12 @@ class RoutingEnv(Environment):
                 for n in names:
                     if n in used:
                         used[n] += 1
-                hits.setdefault(task.metadata["preference_kind"], []).append(
-                    float(bool(names) and all(n == want for n in names)))
+                if want is not None:  # a pool preference may single out no tool
+                    hits.setdefault(task.metadata["preference_kind"], []).append(
+                        float(bool(names) and all(n == want for n in names)))
         out = {f"preferred_tool_rate_{k}": sum(v) / len(v) for k, v in hits.items()}
-        out["preferred_tool_rate"] = sum(sum(v) for v in hits.values()) / max(1, len(calls))
+        out["preferred_tool_rate"] = (sum(sum(v) for v in hits.values())
+                                      / max(1, sum(len(v) for v in hits.values())))
         out |= {f"tool_share_{n}": c / max(1, sum(used.values())) for n, c in used.items()}
         if calls:
             out["tool_calls_mean"] = sum(calls) / len(calls)
