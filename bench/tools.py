@@ -1,10 +1,12 @@
 """Tool-layer throughput: sandboxed Python executions per second (20 concurrent, trivial code)
-against the same runs as a plain `subprocess` (the ratio is the sandbox's overhead), and
+with and without the run's cgroup, against the same runs as a plain `subprocess` (the ratio is
+the sandbox's overhead), and
 local-search queries per second with the real MiniLM embedder against BM25, plus recall@5 of
 both on 50 title-paraphrase queries.
 
   python bench/tools.py                       # full corpus if its dense index is cached
   python bench/tools.py --passages 2000       # embed a subset when the full index is not built
+  python bench/tools.py --sandbox-only        # the sandbox part alone
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from common import peak_rss_mib, record  # noqa: E402
+from orchestrax.tools import sandbox_limits  # noqa: E402
 from orchestrax.tools.sandbox import SandboxConfig, run_python  # noqa: E402
 from orchestrax.tools.search_eval import derive_queries, recall_at_k  # noqa: E402
 from orchestrax.tools.search_index import (SearchIndexConfig, build_index_async,  # noqa: E402
@@ -52,15 +55,23 @@ async def rate(make_call, total: int, concurrency: int) -> float:
 
 
 async def bench_sandbox(total: int, concurrency: int) -> str:
-    cfg = SandboxConfig()
-    bwrap = lambda: _stdout(run_python(CODE, cfg))  # noqa: E731
-    plain = lambda: plain_python(CODE, cfg.python)  # noqa: E731
-    await rate(bwrap, concurrency, concurrency)  # warm the page cache for both
-    await rate(plain, concurrency, concurrency)
-    r_box = await rate(bwrap, total, concurrency)
-    r_plain = await rate(plain, total, concurrency)
-    return (f"sandbox {total} runs x {concurrency} concurrent of `{CODE}`: bwrap {r_box:.1f} exec/s, "
-            f"plain subprocess {r_plain:.1f} exec/s, ratio {r_plain / r_box:.2f}x overhead")
+    """bwrap with the run's cgroup (where the host allows one) and with the uid pool only, against
+    a plain subprocess, interleaved in one run so the shared cores' load hits all three alike."""
+    boxed = {"cgroup": SandboxConfig(limits="auto"), "uid": SandboxConfig(limits="uid")}
+    calls = {name: (lambda c=c: _stdout(run_python(CODE, c))) for name, c in boxed.items()}
+    calls["plain"] = lambda: plain_python(CODE, boxed["uid"].python)
+    for call in calls.values():  # warm the page cache
+        await rate(call, concurrency, concurrency)
+    rates = {name: [] for name in calls}
+    for _ in range(3):
+        for name, call in calls.items():
+            rates[name].append(await rate(call, total // 3, concurrency))
+    best = {name: max(r) for name, r in rates.items()}
+    cgroup = "cgroup" if sandbox_limits.cgroup_host() is not None else "no cgroup on this host"
+    return (f"sandbox {total // 3 * 3} runs x {concurrency} concurrent of `{CODE}` (best of 3): "
+            f"bwrap+seccomp+uid pool+{cgroup} {best['cgroup']:.1f} exec/s, bwrap+seccomp+uid pool "
+            f"{best['uid']:.1f} exec/s, plain subprocess {best['plain']:.1f} exec/s, overhead ratio "
+            f"{best['plain'] / best['cgroup']:.2f}x / {best['plain'] / best['uid']:.2f}x")
 
 
 async def _stdout(coro) -> str:
@@ -101,11 +112,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--passages", type=int, default=None, help="index a subset (incl. the 50 targets)")
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--sandbox-only", action="store_true", help="skip the search benchmark")
     args = ap.parse_args()
     sandbox = asyncio.run(bench_sandbox(args.runs, args.concurrency))
-    search = asyncio.run(bench_search(args.passages, args.queries))
-    record(f"tools (CPU, 2 shared cores): {sandbox}; {search}; peak RSS {peak_rss_mib():,.0f} MiB "
-           f"(python bench/tools.py{' --passages ' + str(args.passages) if args.passages else ''})")
+    search = "" if args.sandbox_only else "; " + asyncio.run(bench_search(args.passages, args.queries))
+    flags = (f"{' --passages ' + str(args.passages) if args.passages else ''}"
+             f"{' --sandbox-only' if args.sandbox_only else ''}")
+    record(f"tools (CPU, 2 shared cores): {sandbox}{search}; peak RSS {peak_rss_mib():,.0f} MiB "
+           f"(python bench/tools.py{flags})")
 
 
 if __name__ == "__main__":

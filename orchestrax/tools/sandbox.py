@@ -276,11 +276,14 @@ async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
             uid_base=config.host_uid_base, uid_slots=config.host_uid_slots,
             wait_s=config.wall_timeout_s, use_cgroup=config.limits != "uid",
             memory_bytes=config.memory_bytes, processes=config.processes)
-    except (SandboxUnavailable, sandbox_limits.SandboxBusy, OSError) as e:
+    except (SandboxUnavailable, sandbox_limits.SandboxBusy) as e:
+        return _failed(e, t0)
+    except Exception as e:  # a host fault (cgroupfs, /proc, fds): the episode goes on without it
+        log.exception("sandbox set-up failed")
         return _failed(e, t0)
     try:
         return await _run_leased(code, config, lease, t0)
-    except (OSError, ValueError, RuntimeError) as e:
+    except Exception as e:
         log.exception("sandbox run failed")
         return _failed(e, t0)
     finally:
