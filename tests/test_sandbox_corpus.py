@@ -25,7 +25,7 @@ from orchestrax.tools.sandbox import SandboxConfig, TRUNCATION_MARKER, run_pytho
 CORPUS = pathlib.Path(__file__).parent / "sandbox_corpus"
 PROGRAMS = sorted(CORPUS.glob("[0-9][0-9]_*.py"))
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CFG = SandboxConfig(wall_timeout_s=2.5, cpu_seconds=2, memory_bytes=512 << 20, processes=32,
+CFG = SandboxConfig(wall_timeout_s=4.0, cpu_seconds=2, memory_bytes=512 << 20, processes=32,
                     output_bytes=4096)
 EXPECTATIONS = ("done", "bounded", "memory_limit", "timed_out", "exit")
 
