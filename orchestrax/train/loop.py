@@ -279,30 +279,17 @@ class Trainer:
         if self.flow is not None:  # sub-agent mode: one row per orchestrator turn (Flow-GRPO)
             return self.flow.make_batch(tasks, groups, outcome, setup.pad_id(self.codec))
         cfg = self.cfg
-        q, g = outcome.shape
-        names = [[tool.spec.name for tool in self.env.tools(t)] for t in tasks]
-        width = max(len(n) for n in names)
-        counts = np.zeros((q, g, width), np.float32)   # tasks with fewer tools pad with zeros
-        pref = np.zeros((q, width + 3), np.float32)
-        cost = np.zeros((q, g), np.float32)
-        latency = np.zeros((q, g), np.float32)
-        for i, (task, group) in enumerate(zip(tasks, groups)):
-            c, cost[i], latency[i] = rl.features_from_trajectories(group, names[i])
-            counts[i, :, :len(names[i])] = c
+        for task in tasks:
             if task.preference is None:  # issue 10: no silent outcome-only fallback
                 raise ValueError(f"task {task.task_id!r} has no preference vector; keep "
                                  "TrainConfig.instances.preferences=True or give tasks their P")
-            p = np.asarray(task.preference, np.float32)
-            pref[i, :len(names[i])], pref[i, width:] = p[:-3], p[-3:]
-        fmt = np.array([[tr.format_errors for tr in gr] for gr in groups], np.int32)
-        answered = np.array([[tr.final_answer is not None for tr in gr] for gr in groups])
-        valid = (fmt == 0) & answered
-        R = rl.toolorchestra_reward(counts, outcome, cost, latency, pref,
-                                    scope=cfg.grpo.reward_scope, valid=valid)
-        keep, counters = rl.sample_mask(R, format_errors=fmt, has_answer=answered,
-                                        min_std=cfg.grpo.min_group_std)
-        A = rl.compute_advantages(R, cfg.grpo.adv_estimator, eps=cfg.grpo.adv_eps,
-                                  ddof=cfg.grpo.adv_ddof, clip=cfg.grpo.adv_clip, mask=valid)
+        # Tool-count columns are aligned by tool name across the instances' tool subsets.
+        names = [[tool.spec.name for tool in self.env.tools(t)] for t in tasks]
+        scores = rl.score_groups(groups, outcome, names, [t.preference for t in tasks], cfg.grpo)
+        R, A, keep, fmt = (scores.reward_QG, scores.advantages_QG, scores.keep_QG,
+                           scores.format_errors_QG)
+        cost, latency = scores.features.cost_QG, scores.features.latency_QG
+        counters = scores.counters
         flat = [tr for gr in groups for tr in gr]
         batch = batching.pack(flat, pad_id=setup.pad_id(self.codec),
                               max_len=cfg.rollout.context_tokens)
