@@ -153,7 +153,7 @@ def test_repeated_format_errors_end_the_episode_and_are_readable():
     assert traj.end_reason == "format_errors" and traj.format_errors == 3
     errs = [c.observation for c in traj.tool_calls]
     assert "not valid JSON" in errs[0] and "unknown tool 'nope'" in errs[1]
-    assert "3 is not of type 'string'" in errs[2]
+    assert "arguments.q must be a string, got 3" in errs[2]
     text = TOK.decode(traj.token_ids)
     assert "<tool_response>\nError: the tool call is not valid JSON" in text   # the model read it
 

@@ -1,5 +1,6 @@
 """The fast schema predicate agrees with jsonschema (Draft 2020-12) on every verdict, and
-`schema_error` returns exactly what the jsonschema-only path returned before it existed."""
+`schema_error` returns exactly what the jsonschema-only path returns; `check_arguments` coerces
+what it accepts and names the field of what it refuses."""
 
 import json
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrax.agent import schema
+from orchestrax.tools import schema
 from test_agent_parser import _bfcl_nested, _bfcl_value, _load_bfcl
 
 SIMPLE_TYPES = ["object", "array", "string", "integer", "number", "boolean", "null"]
@@ -186,21 +187,21 @@ CLOSED = {"type": "object", "properties": {"q": {"type": "string"}}, "additional
 @pytest.mark.parametrize("s,instance,message", [
     (SLEEP, {"ms": 57}, None),
     (SLEEP, {"ms": 57.0}, None),  # an integral float is an integer
-    (SLEEP, {"ms": True}, "True is not of type 'integer' (at 'ms')"),  # bool is not
-    (SLEEP, {"ms": 57.5}, "57.5 is not of type 'integer' (at 'ms')"),
-    (SLEEP, {}, "'ms' is a required property"),
+    (SLEEP, {"ms": True}, "arguments.ms must be an integer, got True"),  # bool is not
+    (SLEEP, {"ms": 57.5}, "arguments.ms must be an integer, got 57.5"),
+    (SLEEP, {}, "arguments is missing required field(s) ['ms']"),
     (SLEEP, {"ms": 1, "other": "ok"}, None),  # additionalProperties defaults to allowed
     (CLOSED, {"q": "a"}, None),
     (CLOSED, {"q": "a", "x": 1},
-     "Additional properties are not allowed ('x' was unexpected)"),
-    ({"type": "number"}, True, "True is not of type 'number'"),
+     "arguments has unknown field(s) ['x']; allowed: ['q']"),
+    ({"type": "number"}, True, "arguments must be a number, got True"),
     ({"type": "number"}, 3, None),
     ({"type": ["string", "null"]}, None, None),
-    ({"type": "string", "enum": ["c", "f"]}, "k", "'k' is not one of ['c', 'f']"),
+    ({"type": "string", "enum": ["c", "f"]}, "k", "arguments='k'; allowed values: ['c', 'f']"),
     ({"type": "array", "items": {"type": "integer"}}, [1, 2.0, "3"],
-     "'3' is not of type 'integer' (at '2')"),
+     "arguments[2] must be an integer, got '3'"),
     ({"type": "object", "properties": {"anyOf": {"type": "string"}}}, {"anyOf": 1},
-     "1 is not of type 'string' (at 'anyOf')"),  # a property named like a keyword is fine
+     "arguments.anyOf must be a string, got 1"),  # a property named like a keyword is fine
     ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}},
      {"d": "not a date"}, None),  # format is an annotation without a format checker
     ({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "integer"}, 1.0, None),
@@ -217,6 +218,29 @@ def test_hand_written_cases(s, instance, message):
     assert schema.schema_error(tool, instance) == message
 
 
+@pytest.mark.parametrize("s,arguments,expected", [
+    (SLEEP, {"ms": 57.0, "extra": 1}, {"ms": 57}),          # integral float -> int, unknown dropped
+    ({"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}},
+                                       "f": {"type": "number"}}},
+     {"xs": [1.0, 2], "f": 2.0}, {"xs": [1, 2], "f": 2.0}),  # a number stays a float
+    ({"type": "object", "properties": {"o": {"type": "object"}}}, {"o": {"k": 1}}, {"o": {"k": 1}}),
+])
+def test_check_arguments_coerces_what_it_accepts(s, arguments, expected):
+    out = schema.check_arguments(s, arguments)
+    assert out == expected and [type(v) for v in out.values()] == [type(v) for v in expected.values()]
+
+
+@pytest.mark.parametrize("arguments, needle", [
+    ({"ms": "5"}, "arguments.ms must be an integer, got '5'"),
+    ({}, "missing required field(s) ['ms']"),
+    ([1], "arguments must be an object, got [1]"),
+])
+def test_check_arguments_names_the_field(arguments, needle):
+    with pytest.raises(schema.ArgumentError) as e:
+        schema.check_arguments(SLEEP, arguments)
+    assert needle in str(e.value)
+
+
 def test_invalid_schema_still_names_the_tool():
     with pytest.raises(ValueError, match="tool 'bad'"):
         schema.validator_for("bad", {"type": "object", "required": "ms"})
@@ -224,7 +248,7 @@ def test_invalid_schema_still_names_the_tool():
 
 def test_bare_jsonschema_validator_is_still_accepted():
     assert schema.schema_error(jsonschema.Draft202012Validator(SLEEP), {}) == (
-        "'ms' is a required property")
+        "arguments is missing required field(s) ['ms']")
 
 
 # ---- (d) BFCL function docs ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any, Sequence
 
-from orchestrax.agent import schema
+from orchestrax.tools import schema
 from orchestrax.tools.base import ToolSpec
 
 _THINK_RE = re.compile(r"<think>|</think>")

@@ -1,4 +1,8 @@
-"""JSON-schema validators for tool arguments, compiled once per distinct schema.
+"""The one validator of tool arguments: JSON-schema validators compiled once per distinct schema,
+errors that name the field, the value and what is allowed, and `check_arguments`, which also
+coerces what it accepted (integral floats to int, unknown fields dropped) for tools that want
+exact Python types. The episode's parser, the tools' own checks (`specs.check_arguments`) and
+the tau2 domain functions all go through it.
 
 Function-calling datasets (BFCL, some OpenAPI exports) write Python type names — "dict", "float",
 "tuple", "any" — where JSON Schema expects "object", "number", "array" or no type at all;
@@ -243,7 +247,8 @@ def validator_for(name: str, parameters: Mapping[str, Any]) -> ToolValidator:
 
 def schema_error(validator: ToolValidator | jsonschema.protocols.Validator,
                  arguments: Any) -> str | None:
-    """A one-line description of the most relevant violation, or None when `arguments` is valid.
+    """A one-line description of the most relevant violation (see `describe`), or None when
+    `arguments` is valid.
 
     The fast predicate only short-circuits the valid case; an "invalid" from it is re-checked by
     jsonschema, so a predicate bug could cost time but never invent an error. A bare jsonschema
@@ -253,7 +258,73 @@ def schema_error(validator: ToolValidator | jsonschema.protocols.Validator,
             return None
         validator = validator.schema_validator
     err = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-    if err is None:
-        return None
-    where = "/".join(str(p) for p in err.absolute_path)
-    return err.message + (f" (at '{where}')" if where else "")
+    return None if err is None else describe(err)
+
+
+_TYPE_NAMES = {"object": "an object", "array": "a list", "string": "a string",
+               "integer": "an integer", "number": "a number", "boolean": "a boolean",
+               "null": "null"}
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value) if not isinstance(value, (dict, list)) or len(value) < 20 else (
+        f"<{type(value).__name__} of {len(value)}>")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe(err: jsonschema.ValidationError) -> str:
+    """One violation as the model (or a caller) reads it: the field as a path from `arguments`,
+    the value it got, and what is allowed; jsonschema's own words for rarer keywords."""
+    where = "arguments" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                                  for p in err.absolute_path)
+    wanted = err.validator_value
+    if err.validator == "type":
+        names = [wanted] if isinstance(wanted, str) else list(wanted)
+        allowed = " or ".join(_TYPE_NAMES.get(n, repr(n)) for n in names)
+        return f"{where} must be {allowed}, got {_short(err.instance)}"
+    if err.validator == "enum":
+        return f"{where}={_short(err.instance)}; allowed values: {_short(wanted, 400)}"
+    if err.validator == "required" and isinstance(err.instance, dict):
+        missing = [k for k in wanted if k not in err.instance]
+        return f"{where} is missing required field(s) {missing}"
+    if err.validator == "additionalProperties" and wanted is False and isinstance(
+            err.instance, dict):
+        known = err.schema.get("properties", {})
+        extra = [k for k in err.instance if k not in known]
+        return f"{where} has unknown field(s) {_short(extra)}; allowed: {sorted(known)}"
+    return f"{where}: {err.message if len(err.message) <= 200 else err.message[:200] + '...'}"
+
+
+class ArgumentError(ValueError):
+    """Arguments that do not match a tool's schema; the message names the field."""
+
+
+def check_arguments(parameters: Mapping[str, Any], arguments: Any, *,
+                    tool: str = "(unnamed)") -> Any:
+    """`arguments` validated against `parameters` and coerced to it: an integral float where an
+    integer is wanted becomes an int (Draft 2020-12 accepts 3.0 as an integer, so a model writing
+    `"amount": 3.0` is not punished for style), and fields the schema does not name are dropped
+    (pydantic's default). Raises `ArgumentError` naming the field otherwise."""
+    validator = validator_for(tool, parameters)
+    problem = schema_error(validator, arguments)
+    if problem is not None:
+        raise ArgumentError(problem)
+    return _coerce(validator.schema_validator.schema, arguments)
+
+
+def _coerce(node: Any, value: Any) -> Any:
+    if not isinstance(node, dict):
+        return value
+    if isinstance(value, dict):
+        props = node.get("properties")
+        if not isinstance(props, dict):
+            return value
+        return {k: _coerce(props[k], v) for k, v in value.items() if k in props}
+    if isinstance(value, list) and isinstance(node.get("items"), dict):
+        return [_coerce(node["items"], v) for v in value]
+    types = node.get("type")
+    if isinstance(value, float) and value.is_integer() and (
+            types == "integer" or isinstance(types, list) and "integer" in types
+            and "number" not in types):
+        return int(value)
+    return value

@@ -1,4 +1,4 @@
-"""The one JSON form of a tool spec, and argument checking against its JSON-schema parameters.
+"""The one JSON form of a tool spec, and a tool's own check of its arguments.
 
 JSON form (what `spec_to_json` writes and `spec_from_json` reads):
   {"name", "description", "parameters": <JSON schema>, "category": basic|specialist|generalist|domain,
@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 
+from orchestrax.tools import schema
 from orchestrax.tools.base import Pricing, ToolError, ToolSpec
 
 CATEGORIES = ("basic", "specialist", "generalist", "domain")
@@ -75,14 +76,10 @@ def object_schema(properties: dict[str, Any], required: tuple[str, ...]) -> dict
 
 
 def check_arguments(spec: ToolSpec, arguments: Any) -> dict[str, Any]:
-    """Validate a call's arguments; a violation is a non-transient `ToolError` naming the field,
+    """Validate a call's arguments with the one argument validator (`tools.schema`) and return
+    them coerced to the schema; a violation is a non-transient `ToolError` naming the field,
     which the executor shows to the policy as the observation."""
-    if not isinstance(arguments, dict):
-        raise ToolError(f"{spec.name}: arguments must be a JSON object, "
-                        f"got {type(arguments).__name__}")
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(spec.parameters).iter_errors(arguments))
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "(arguments)"
-        raise ToolError(f"{spec.name}: invalid argument {where}: {error.message}")
-    return arguments
+    try:
+        return schema.check_arguments(spec.parameters, arguments, tool=spec.name)
+    except schema.ArgumentError as e:
+        raise ToolError(f"{spec.name}: {e}") from None
