@@ -147,3 +147,78 @@ def test_cli_on_a_run_checkpoint_and_its_hf_export(tmp_path):
 def test_cli_refuses_an_ambiguous_url():
     with pytest.raises(ValueError, match="sglang:http://x"):
         cli(["eval", "--policy", "http://x", "--tasks", "routing", "--no-progress"])
+
+
+@pytest.fixture
+def chat_servers():
+    """Two loopback OpenAI-compatible servers on a background event loop (the CLI runs its
+    own): `expert` (an LLM tool) and `policy` (a scripted orchestrator)."""
+    import threading
+
+    def expert(body):
+        return "Paris"
+
+    def policy(body):
+        last = body["messages"][-1]["content"]
+        if last.startswith("<tool_response>\nParis"):
+            return "<answer>Paris</answer>"
+        return ('<tool_call>\n{"name": "expert", "arguments": {"query": "Capital of France?"}}'
+                "\n</tool_call>")
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = [ScriptedChatServer(expert), ScriptedChatServer(policy)]
+    for s in servers:
+        asyncio.run_coroutine_threadsafe(s.__aenter__(), loop).result(30)
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            asyncio.run_coroutine_threadsafe(s.__aexit__(None, None, None), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_cli_prices_llm_tool_tokens_by_the_config_sheet(tmp_path, chat_servers):
+    """A QA run whose tool set comes from a TrainConfig: one LLM tool (priced as gpt-5-mini).
+    The fixture server bills (prompt chars // 4) input and (reply chars // 4) output tokens."""
+    from orchestrax.tools.llm_tool import ROLES
+    from orchestrax.tools.sheets import load_sheet
+
+    expert, policy = chat_servers
+    qa = tmp_path / "capitals.jsonl"
+    qa.write_text('{"id": 1, "question": "Capital of France?", "answer": "Paris"}\n'
+                  '{"id": 2, "question": "Where is the Louvre?", "answer": "Paris"}\n')
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f'''
+from orchestrax import models
+from orchestrax.tools.catalog import CatalogConfig
+from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.tools.llm_tool import LLMToolConfig
+from orchestrax.train.config import TrainConfig
+
+def config():
+    expert = LLMToolConfig(name="expert", role="generalist",
+                           chat=ChatEndpoint(base_url="{expert.base_url}", model="gpt-5-mini"))
+    return TrainConfig(name="t", model=models.tiny_config(), env="qa",
+                       env_kwargs=(("path", "{qa}"),),
+                       tools=CatalogConfig(python=None, web=None, llms=(expert,)))
+''')
+    tokens_in = (len(ROLES["generalist"].system) + len("Capital of France?")) // 4
+    tokens_out = len("Paris") // 4
+    for sheet in ("train_list", "eval_heldout"):
+        out = tmp_path / sheet
+        assert cli(["eval", "--policy", f"openai:{policy.base_url}", "--model", "m", "--tasks",
+                    str(qa), "--config", str(cfg), "--sheet", sheet, "--turn-sweep", "",
+                    "--seconds-per-token", "0", "--no-progress", "--out", str(out)]) == 0
+        (row,) = json.loads((out / "eval.json").read_text())["rows"]
+        price = load_sheet(sheet).models["gpt-5-mini"]
+        usd = (price.usd_per_m_input * tokens_in + price.usd_per_m_output * tokens_out) / 1e6
+        assert row["accuracy"] == 1.0 and row["calls_per_task"] == {"expert": 1.0}
+        assert row["cents_per_task"] == pytest.approx(100 * usd, rel=1e-6)
+        assert row["tool_input_tokens"] == tokens_in and row["tool_output_tokens"] == tokens_out
+        assert 0 < row["minutes_per_task"] < 5 / 60  # the expert's measured loopback time
+        recs = json.loads((out / "eval.json").read_text())["records"]["capitals"]
+        assert all(len(r["preference"]) == 1 + 3 for r in recs)
+    assert len(expert.requests) == 4
