@@ -10,7 +10,7 @@ without touching the evaluation core.
 from __future__ import annotations
 
 import dataclasses
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.data.records import Task
@@ -28,6 +28,8 @@ class EvalConfig:
     # Policy latency per turn: None measures generation wall time; a number charges this many
     # seconds per generated token (deterministic, for comparisons across machines and tests).
     seconds_per_token: float | None = None
+    # A runner's own settings (the "subagent" runner: eval.subagent.SubagentOptions).
+    agent_options: Any = None
 
     def __post_init__(self):
         if self.seconds_per_token is not None and not self.seconds_per_token >= 0:
@@ -64,4 +66,11 @@ async def run_direct(task: Task, env: Environment, policy: Policy, tools: Sequen
         policy_pricing=cfg.policy_pricing)
 
 
-RUNNERS: dict[str, Runner] = {"direct": run_direct}
+async def run_subagent(task: Task, env: Environment, policy: Policy, tools: Sequence[Tool],
+                       cfg: EvalConfig) -> EpisodeRecord:
+    """The orchestrator + sub-agents system (eval/subagent.py)."""
+    from orchestrax.eval.subagent import run_subagent as run
+    return await run(task, env, policy, tools, cfg)
+
+
+RUNNERS: dict[str, Runner] = {"direct": run_direct, "subagent": run_subagent}
