@@ -17,6 +17,7 @@ from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.records import EpisodeRecord, record_from_trajectory
+from orchestrax.eval.subagent import run_subagent  # the orchestrator + sub-agents system
 from orchestrax.tools.base import Pricing, Tool
 
 
@@ -64,13 +65,6 @@ async def run_direct(task: Task, env: Environment, policy: Policy, tools: Sequen
         traj, outcome, task_set="", tool_names=tuple(t.spec.name for t in tools),
         preference=task.preference, turn_limit=cfg.episode.max_turns, turn_seconds=seconds,
         policy_pricing=cfg.policy_pricing)
-
-
-async def run_subagent(task: Task, env: Environment, policy: Policy, tools: Sequence[Tool],
-                       cfg: EvalConfig) -> EpisodeRecord:
-    """The orchestrator + sub-agents system (eval/subagent.py)."""
-    from orchestrax.eval.subagent import run_subagent as run
-    return await run(task, env, policy, tools, cfg)
 
 
 RUNNERS: dict[str, Runner] = {"direct": run_direct, "subagent": run_subagent}
