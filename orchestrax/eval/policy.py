@@ -125,7 +125,11 @@ class ChatPolicy:
                 if user is None:
                     traj.final_answer, traj.end_reason = parsed.answer, "answer"
                     break
-                said = await user(traj.messages)
+                try:
+                    said = await user(traj.messages)
+                except Exception as e:  # a broken user simulator ends this episode only
+                    traj.end_reason, traj.error = "error", f"user responder failed: {e}"
+                    break
                 if said.stop:
                     traj.final_answer, traj.end_reason = parsed.answer, "user_stop"
                     break
