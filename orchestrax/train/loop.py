@@ -180,10 +180,15 @@ class Trainer:
                      for i in next(self.task_ids)]
             groups, outcome = await self._rollout(tasks, cfg.rollout.group_size)
             t_roll = time.perf_counter() - t0
+            # Published before the rollout: every turn should report this version.
+            stale = episodes.drop_stale((tr for gr in groups for tr in gr),
+                                        str(self._global_step()))
             batch, stats = self._make_batch(tasks, groups, outcome)
+            stats |= stale
             if self.ref_params is not None:
-                batch["ref_logprobs"] = self._ref_logprobs(self.ref_params, batch["tokens"],
-                                                           batch["attention_mask"])
+                # To host like the rest of the batch: the step places it on its own shardings.
+                batch["ref_logprobs"] = np.asarray(self._ref_logprobs(
+                    self.ref_params, batch["tokens"], batch["attention_mask"]))
             self.state, metrics = self.update.step(self.state, batch)
             self.step += 1
             await self._publish_weights()
