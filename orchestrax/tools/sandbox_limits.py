@@ -119,9 +119,14 @@ async def lease_uid(base: int, slots: int, wait_s: float) -> tuple[int, int]:
             if fd is not None:
                 return uid, fd
         if time.monotonic() > deadline:
-            raise SandboxBusy(f"no free sandbox host uid in [{base}, {base + slots}) after "
-                              f"{wait_s:.1f} s; {len(busy)} hold processes (raise "
-                              f"SandboxConfig.host_uid_slots or lower the concurrency)")
+            # bwrap's namespace init is left a zombie for the host's pid 1 to reap after each run
+            only_zombies = sum(all(_is_zombie(p) for p in owners[u]) for u in busy)
+            raise SandboxBusy(
+                f"no free sandbox host uid in [{base}, {base + slots}) after {wait_s:.1f} s; "
+                f"{len(busy)} hold processes, {only_zombies} of them only zombies (if that is "
+                f"most, the host's pid 1 does not reap orphans: run under an init such as tini "
+                f"or `docker run --init`; else raise SandboxConfig.host_uid_slots or lower the "
+                f"concurrency)")
         await asyncio.sleep(0.02)
 
 
