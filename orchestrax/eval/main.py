@@ -20,7 +20,7 @@ import pathlib
 from typing import Any, Sequence
 
 from orchestrax.agent.episode import EpisodeConfig
-from orchestrax.eval import report
+from orchestrax.eval import grid, report
 from orchestrax.eval.core import TaskSet, at_turn_limit, evaluate
 from orchestrax.eval.metrics import preference_adherence, summarize
 from orchestrax.eval.policy import Policy, load_policy
@@ -156,22 +156,34 @@ def run(args: argparse.Namespace) -> int:
                               sampling=SamplingParams(temperature=args.temperature)),
         policy_pricing=pricing, seconds_per_token=args.seconds_per_token)
     sweep = tuple(int(x) for x in args.turn_sweep.split(",") if x) if args.turn_sweep else ()
-    spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep, runner=args.agent,
+    # --agent/--thinking/--ablate lists: the paper's grid (eval/grid.py), one run per point
+    points = grid.grid_points(args.agent, args.thinking or ("none" if args.no_thinking
+                                                            else "orchestrator"), args.ablate)
+    is_grid = len(points) > 1 or points[0].agent != "direct" or args.thinking is not None
+    spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep,
+                   runner=points[0].agent,
                    max_in_flight=args.max_in_flight, baseline=args.baseline, options=options,
                    progress=not args.no_progress)
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=args.context_tokens,
                          seed=args.seed)
+    sub_policy = (load_policy(args.subagent_policy, tokenizer=args.tokenizer,
+                              max_len=args.context_tokens, seed=args.seed)
+                  if args.subagent_policy else None)
 
     async def go():
         try:
+            if is_grid:
+                return await grid.run_grid(policy, spec, points, subagent_policy=sub_policy)
             return await run_eval(policy, spec)
         finally:
             await policy.aclose()
+            if sub_policy is not None:
+                await sub_policy.aclose()
 
     payload = asyncio.run(go())
-    print(report.table(payload["rows"]))
-    for path in write_outputs(payload, args.out):
+    print(grid.grid_table(payload["rows"]) if is_grid else report.table(payload["rows"]))
+    for path in (grid.write_grid if is_grid else write_outputs)(payload, args.out):
         print(f"wrote {path}")
     return 0
 
@@ -192,7 +204,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sheet", help="pricing sheet to reprice the tools with (e.g. eval_heldout)")
     p.add_argument("--policy-price", metavar="MODEL",
                    help="bill the policy's own tokens at this model's row of the sheet")
-    p.add_argument("--agent", default="direct", choices=sorted(RUNNERS))
+    p.add_argument("--agent", default="direct",
+                   help="direct | subagent; a comma list sweeps (with --thinking, --ablate: "
+                        "the paper's grid, written as grid.json/csv/png)")
+    p.add_argument("--thinking", help="none | subagents | orchestrator | all (where Qwen3's "
+                   "thinking is on); a comma list sweeps. Default: orchestrator (--no-thinking: "
+                   "none)")
+    p.add_argument("--ablate", default="none",
+                   help="sub-agent mode component ablations, comma list of none, "
+                        "no_web_searcher, no_coder, no_file_inspector, no_memory")
+    p.add_argument("--subagent-policy", help="the sub-agents' model (run or HF dir, sglang:URL); "
+                   "default: --policy")
     p.add_argument("--max-turns", type=int, default=50)
     p.add_argument("--turn-sweep", default="10,20,50,100",
                    help="comma-separated turn limits ('' for none)")
