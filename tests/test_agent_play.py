@@ -1,10 +1,13 @@
 """One training episode through `train.episodes.play` and the `Environment` base: the optional
 hooks have working defaults, and whatever fails inside one episode (an environment hook, the
-verifier, the episode) comes back as a failed trajectory with outcome 0, never an exception."""
+verifier, the episode) comes back as a failed trajectory with outcome 0, never an exception;
+turns record the policy's generation time and weight version, stale ones fail their trajectory,
+and an empty answer is no answer."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from agent_fixtures import SleepTool
 
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
-from orchestrax.agent.episode import EpisodeConfig, UserReply
+from orchestrax.agent.episode import EpisodeConfig, UserReply, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task, Trajectory
@@ -107,3 +110,52 @@ def test_a_failing_hook_is_a_failed_trajectory(env, reaches_episode):
     assert traj.error == f"RuntimeError: {env.fail} broke"
     assert bool(traj.token_ids) == reaches_episode
     traj.check()
+
+
+# --- what a trajectory records for the trainer (issue 10 part 4) ---------------------------
+
+class VersionedSampler(ScriptedSampler):
+    """Reports `versions[k]` as the weight version of its k-th call, after `delay_s`."""
+
+    def __init__(self, turns, versions, delay_s):
+        super().__init__(TOK, turns, delay_s=delay_s)
+        self.versions = versions
+
+    async def generate(self, requests):
+        k = self.calls
+        return [dataclasses.replace(r, weight_version=self.versions[k])
+                for r in await super().generate(requests)]
+
+
+def run_versioned(turns, versions, delay_s=0.0):
+    async def main():
+        return await run_episode(VersionedSampler(turns, versions, delay_s), CODEC, TASK,
+                                 [SleepTool("calc")], config=EpisodeConfig(max_turns=4))
+    return asyncio.run(main())
+
+
+def test_turns_record_generation_seconds_and_weight_version():
+    traj = run_versioned(SCRIPT, ["7", "8"], delay_s=0.05)
+    assert [t.weight_version for t in traj.turns] == ["7", "8"]
+    assert all(t.generation_s >= 0.05 for t in traj.turns)
+    assert traj.generation_s == sum(t.generation_s for t in traj.turns)
+    assert traj.weight_versions == {"7", "8"}
+    # Tool time stays its own feature; the policy's time is not charged to the tools.
+    assert traj.latency < traj.generation_s
+
+
+def test_stale_turns_fail_their_trajectory_and_are_counted():
+    fresh, stale, unknown = (run_versioned(SCRIPT, v) for v in (["3", "3"], ["2", "3"], ["", ""]))
+    counts = episodes.drop_stale([fresh, stale, unknown], "3")
+    assert counts == {"rollout/stale_trajectories": 1.0, "rollout/stale_turns": 1.0}
+    assert fresh.final_answer == "4" and unknown.final_answer == "4"
+    assert stale.final_answer is None and stale.end_reason == "error"
+    assert "stale weights ['2']" in stale.error and "'3'" in stale.error
+
+
+@pytest.mark.parametrize("last_turn", ["<answer>  </answer>", "", "<think>\nhmm\n</think>\n\n"])
+def test_an_empty_final_answer_is_no_answer(last_turn):
+    traj = run_versioned([last_turn], ["1"])
+    assert traj.end_reason == "answer" and traj.final_answer is None
+    _, outcome = play(Adder(), [last_turn])
+    assert outcome == 0.0

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import time
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 from orchestrax.agent import chat
@@ -103,7 +104,9 @@ class _Episode:
         self.traj.end_reason, self.traj.error = reason, error
         return self.traj
 
-    async def _generate(self, turn: int, room: int) -> GenerateResult | str:
+    async def _generate(self, turn: int, room: int) -> tuple[GenerateResult, float] | str:
+        """(result, wall-clock seconds of the call that succeeded), or why every attempt
+        failed."""
         cfg = self.config
         seed = cfg.sampling.sampling_seed
         sampling = dataclasses.replace(
@@ -116,8 +119,9 @@ class _Episode:
             if attempt:
                 await asyncio.sleep(cfg.sampler_backoff_s * 2 ** (attempt - 1))
             try:
+                start = time.perf_counter()
                 (result,) = await self.sampler.generate([request])
-                return result
+                return result, time.perf_counter() - start
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a dead server costs a retry, then this episode only
@@ -139,9 +143,10 @@ class _Episode:
             room = cfg.context_tokens - len(traj.token_ids)
             if room < 1:
                 return self._end("context")
-            result = await self._generate(turn, room)
-            if isinstance(result, str):
-                return self._end("error", result)
+            generated = await self._generate(turn, room)
+            if isinstance(generated, str):
+                return self._end("error", generated)
+            result, seconds = generated
             out = list(result.output_ids)
             if len(result.logprobs) != len(out):
                 return self._end("error", f"sampler returned {len(out)} output ids but "
@@ -150,7 +155,8 @@ class _Episode:
             stopped = result.finish_reason == "stop" and bool(out) and out[-1] in codec.stop_ids
             text = codec.decode(out[:-1] if stopped else out)
             record = TurnRecord(text=text, tokens_in=len(traj.token_ids) - len(out),
-                                tokens_out=len(out))
+                                tokens_out=len(out), generation_s=seconds,
+                                weight_version=result.weight_version)
             traj.turns.append(record)
             traj.messages.append({"role": "assistant", "content": text})
             if result.finish_reason == "abort":
@@ -169,7 +175,7 @@ class _Episode:
             if not parsed.calls:
                 self.format_streak = 0
                 if self.user is None:
-                    traj.final_answer = parsed.answer
+                    traj.final_answer = parsed.answer or None  # empty: no answer (paper §3.2)
                     return self._end("answer")
                 try:
                     reply = await self.user(traj.messages)
@@ -178,7 +184,7 @@ class _Episode:
                 except Exception as e:  # a broken user simulator ends this episode only
                     return self._end("error", f"user responder failed: {type(e).__name__}: {e}")
                 if reply.stop:
-                    traj.final_answer = parsed.answer
+                    traj.final_answer = parsed.answer or None
                     return self._end("user_stop")
                 traj.messages.append({"role": "user", "content": reply.text})
                 if not self._continue(chat.user_parts(reply.text,

@@ -48,6 +48,8 @@ class TurnRecord:
     format_error: str | None = None
     tokens_in: int = 0         # context length the sampler saw
     tokens_out: int = 0        # tokens it generated
+    generation_s: float = 0.0  # wall-clock seconds of the sampler call that produced the turn
+    weight_version: str = ""   # the policy version the sampler reported ("" if it did not)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -58,7 +60,7 @@ class Trajectory:
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turns: list[TurnRecord] = dataclasses.field(default_factory=list)
-    final_answer: str | None = None
+    final_answer: str | None = None    # None: no answer (an empty one counts as none)
     end_reason: EndReason | None = None
     error: str | None = None   # what went wrong when end_reason == "error"
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # readable log only
@@ -80,6 +82,18 @@ class Trajectory:
         """Wall-clock seconds charged to tools; calls of one turn overlap, so a turn costs its
         slowest call."""
         return sum(max((c.latency for c in t.tool_calls), default=0.0) for t in self.turns)
+
+    @property
+    def generation_s(self) -> float:
+        """Wall-clock seconds the policy itself spent generating (measured around each sampler
+        call, queueing at the sampler included); the orchestrator's share of the episode's
+        clock, next to the tools' `latency`."""
+        return sum(t.generation_s for t in self.turns)
+
+    @property
+    def weight_versions(self) -> set[str]:
+        """The policy versions the sampler reported for this episode's turns ("" = unknown)."""
+        return {t.weight_version for t in self.turns}
 
     @property
     def format_errors(self) -> int:

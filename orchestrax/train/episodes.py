@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Iterable
 
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
@@ -54,6 +54,24 @@ async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolE
         failed.final_answer, failed.end_reason = None, "error"
         failed.error = f"{type(e).__name__}: {e}"
         return failed, 0.0
+
+
+def drop_stale(trajectories: Iterable[Trajectory], version: str) -> dict[str, float]:
+    """Fail every trajectory with a turn the sampler reported from weights other than `version`
+    (a server whose weight sync failed keeps serving the old policy): its tokens would train on
+    another policy's logprobs. A failed trajectory has no answer, so the step's filters drop it
+    like any other invalid rollout. A sampler that reports no version ("") is trusted.
+    Returns the counts for the step's metrics."""
+    dropped = stale_turns = 0
+    for traj in trajectories:
+        stale = [t.weight_version for t in traj.turns if t.weight_version not in ("", version)]
+        if stale:
+            dropped += 1
+            stale_turns += len(stale)
+            traj.final_answer, traj.end_reason = None, "error"
+            traj.error = (f"{len(stale)} turn(s) sampled from stale weights "
+                          f"{sorted(set(stale))}; the trainer published {version!r}")
+    return {"rollout/stale_trajectories": float(dropped), "rollout/stale_turns": float(stale_turns)}
 
 
 class EpisodePlayer:
