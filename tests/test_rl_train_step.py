@@ -226,3 +226,33 @@ def test_profile_scopes_name_logprobs_loss_and_optimizer():
     for scope in ("jvp(token_logprobs)/", "transpose(jvp(token_logprobs))/", "jvp(loss)/",
                   "optimizer/"):
         assert any(n.startswith(scope) for n in names), scope
+
+
+def test_minibatches_reshuffled_each_epoch_from_the_key():
+    import dataclasses
+    from orchestrax.rl.train_step import epoch_key, slot_permutation
+    batch = make_batch()                                         # B = 16
+    gcfg = rl.GRPOConfig(agg="seq-mean-token-mean", num_minibatches=2, num_microbatches=2,
+                         compute_entropy=False)
+    fixed = rl.make_train_step(MCFG, gcfg, OCFG).step
+    shuffled = rl.make_train_step(MCFG, dataclasses.replace(gcfg, shuffle_seed=7), OCFG).step
+    s_shuf, _ = shuffled(fresh_state(), batch)
+    # Strided split: row i·4 + s sits in slot s (= m·K + k) at position i. The shuffle put old
+    # slot perm[s, i] in slot s; the same rows permuted on the host, in the fixed order, must
+    # give the same update (loss weights included).
+    perm = np.asarray(slot_permutation(epoch_key(7, 0, 0), 4, 4))
+    assert all(sorted(perm[:, i]) == [0, 1, 2, 3] for i in range(4))
+    rows = [i * 4 + perm[s, i] for i in range(4) for s in range(4)]
+    assert rows != list(range(16))
+    s_ref, _ = fixed(fresh_state(), {k: v[rows] for k, v in batch.items()})
+    chex.assert_trees_all_close(s_shuf.params, s_ref.params, atol=1e-6, rtol=0)
+    s_fix, _ = fixed(fresh_state(), batch)
+    assert max_diff(s_shuf.params, s_fix.params) > 1e-4
+    # A new order every epoch and every train_step call; the same order for the same (seed, step).
+    orders = {tuple(np.asarray(slot_permutation(epoch_key(7, step, e), 4, 4)).ravel())
+              for step in (0, 1) for e in (0, 1)}
+    assert len(orders) == 4
+    np.testing.assert_array_equal(slot_permutation(epoch_key(7, 3, 1), 4, 4),
+                                  slot_permutation(epoch_key(7, 3, 1), 4, 4))
+    with pytest.raises(ValueError, match="GRPOConfig.shuffle_seed=0.5; must be None or an int"):
+        rl.GRPOConfig(shuffle_seed=0.5)

@@ -58,6 +58,8 @@ class GRPOConfig:
     ppo_epochs: int = 1
     num_minibatches: int = 1
     num_microbatches: int = 1
+    shuffle_seed: int | None = None         # reassign rows to micro-batches every epoch from a
+                                            # key of (seed, step, epoch); None: fixed strided order
     # Objective: "grpo" uses policy_loss, "sft" the masked token cross-entropy.
     objective: str = "grpo"
 
@@ -91,6 +93,8 @@ class GRPOConfig:
             v = getattr(self, f)
             _check(isinstance(v, int) and v >= 1, n, f, v, "an int >= 1")
         check_choice(n, "objective", self.objective, ("grpo", "sft"))
+        _check(self.shuffle_seed is None or isinstance(self.shuffle_seed, int), n, "shuffle_seed",
+               self.shuffle_seed, "None or an int")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

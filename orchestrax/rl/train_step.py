@@ -10,7 +10,8 @@ Batch (all [B,T] aligned with `tokens`, position t = token t predicted from toke
   ref_logprobs (needed when kl_coef > 0).
 One call runs ppo_epochs × num_minibatches optimizer updates, each accumulating gradients over
 num_microbatches micro-batches whose loss weights come from the whole minibatch, so accumulation
-reproduces the big-batch gradient. A non-finite loss or gradient keeps the old params/opt state,
+reproduces the big-batch gradient. Rows go to micro-batches in a fixed strided order, or in a
+fresh order every epoch with GRPOConfig.shuffle_seed. A non-finite loss or gradient keeps the old params/opt state,
 and so does a minibatch with no token left under the mask (all its samples filtered): Adam's
 momentum would otherwise keep moving the params on a zero gradient.
 """
@@ -103,6 +104,29 @@ def _minibatches(batch: Batch, gcfg: GRPOConfig, mesh, rules) -> tuple[Batch, ja
     data["mask"] = mask_BT
     M, K = gcfg.num_minibatches, gcfg.num_microbatches
     return jax.tree.map(lambda x: _split(x, M, K, mesh, rules), data), keep_B
+
+
+def epoch_key(seed: int, step: jax.Array, epoch: jax.Array) -> jax.Array:
+    """The key that orders epoch `epoch` of train_step call `step` (reproducible on resume)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), epoch)
+
+
+def slot_permutation(key: jax.Array, n_slots: int, b: int) -> jax.Array:
+    """int32 [n_slots, b]: for each of the b row positions, a permutation of the M·K slots."""
+    return jnp.argsort(jax.random.uniform(key, (n_slots, b)), axis=0).astype(jnp.int32)
+
+
+def _shuffled(mb: Batch, key: jax.Array) -> Batch:
+    """Rows reassigned among the M·K micro-batch slots: new slot s at position i holds old slot
+    perm[s, i]. Rows never leave their position i, so each stays on its device (see _split)."""
+    M, K, b = mb["tokens"].shape[:3]
+    perm = slot_permutation(key, M * K, b)
+
+    def one(x):
+        flat = x.reshape((M * K,) + x.shape[2:])                     # [M·K, b, ...]
+        idx = perm.reshape(perm.shape + (1,) * (flat.ndim - 2))
+        return jnp.take_along_axis(flat, idx, axis=0).reshape(x.shape)
+    return jax.tree.map(one, mb)
 
 
 def _logprobs(mcfg, gcfg: GRPOConfig, params, tokens, attn):
@@ -208,7 +232,8 @@ def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
     mb, keep_B = _minibatches(batch, gcfg, mesh, rules)
     if gcfg.objective == "grpo" and "old_logprobs" not in batch:
         mb["old_logprobs"] = _old_logprobs(mcfg, gcfg, state.params, mb)
-    mb = _with_loss_weights(mb, gcfg)
+    if gcfg.shuffle_seed is None:
+        mb = _with_loss_weights(mb, gcfg)
     grad_fn = jax.value_and_grad(functools.partial(_micro_loss, mcfg=mcfg, gcfg=gcfg),
                                  has_aux=True)
 
@@ -223,13 +248,18 @@ def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
         return (params, opt_state, n_up + applied.astype(jnp.int32),
                 n_skip + (~finite).astype(jnp.int32)), met
 
-    def epoch(carry, _):
-        return jax.lax.scan(update, carry, mb)
+    def epoch(carry, e):
+        if gcfg.shuffle_seed is None:
+            return jax.lax.scan(update, carry, mb)
+        # Loss weights come from each minibatch's mask, so they follow the new assignment.
+        mb_e = _with_loss_weights(_shuffled(mb, epoch_key(gcfg.shuffle_seed, state.step, e)),
+                                  gcfg)
+        return jax.lax.scan(update, carry, mb_e)
 
     c = state.counters
     carry0 = (state.params, state.opt_state, c["updates"], c["skipped_updates"])
-    (params, opt_state, n_up, n_skip), met_EM = jax.lax.scan(epoch, carry0, None,
-                                                              length=gcfg.ppo_epochs)
+    (params, opt_state, n_up, n_skip), met_EM = jax.lax.scan(
+        epoch, carry0, jnp.arange(gcfg.ppo_epochs, dtype=jnp.int32))
     metrics = _summarise(met_EM, keep_B)
     counters = {"train_steps": c["train_steps"] + 1, "updates": n_up, "skipped_updates": n_skip,
                 "dropped_samples": c["dropped_samples"] + jnp.sum(keep_B == 0).astype(jnp.int32)}
