@@ -28,7 +28,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode, run_episodes
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.pool import EpisodePool
-from orchestrax.agent.scripted import scripted_logprob, tiny_tokenizer
+from orchestrax.agent.scripted import scripted_logprob, tiny_qwen3_tokenizer, tiny_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import GenerateResult
 from orchestrax.tools.base import Pricing, ToolResult, ToolSpec
@@ -110,8 +110,10 @@ def run(tokenizer, plan, in_flight: int) -> tuple[float, float, list]:
 class PlanPlayer:
     """What each pool worker runs: the same sampler, tools and executor settings as `run`."""
 
-    def __init__(self, plan):
-        tokenizer = tiny_tokenizer()  # the `tokenizers` library alone, as in training workers
+    def __init__(self, plan, via_transformers: bool = False):
+        # Training workers load the `tokenizers` library alone; the peer wraps the same
+        # tokenizer in transformers (which imports torch), as workers did before.
+        tokenizer = tiny_qwen3_tokenizer() if via_transformers else tiny_tokenizer()
         self.codec = Codec(tokenizer)
         self.sampler = PlanSampler(tokenizer, plan)
         self.tools = [SleepForTool(n) for n in TOOL_NAMES]
@@ -184,6 +186,12 @@ def main():
         w, _, _ = run(tokenizer, plan[:n], in_flight=n)
         sweep.append(f"{n}: {lower_bound(plan[:n], n) / w:.2f}")
 
+    # Pool start-up: workers that import transformers (and torch) for their tokenizer, the peer.
+    t0 = time.perf_counter()
+    with EpisodePool(functools.partial(PlanPlayer, plan[:1], via_transformers=True),
+                     workers=args.workers):
+        started_peer = time.perf_counter() - t0
+
     # The same episodes over a pool of worker processes (started once, as in training).
     t0 = time.perf_counter()
     with EpisodePool(functools.partial(PlanPlayer, plan), workers=args.workers) as pool:
@@ -208,7 +216,8 @@ def main():
     line = (f"rollout_concurrency (CPU, {os.cpu_count()} cores): {args.episodes} episodes x "
             f"{args.turns} turns, {calls} tool calls of 20-100 ms, {tokens:,} trajectory tokens, "
             f"critical-path bound {bound:.2f} s: EpisodePool of {args.workers} worker processes "
-            f"ready in {started:.1f} s, wall "
+            f"ready in {started:.1f} s (workers importing transformers: {started_peer:.1f} s, "
+            f"{started_peer / started:.1f}x), wall "
             f"{pool_wall:.2f} s (median of {args.repeats}: "
             f"{', '.join(f'{w:.2f}' for w in walls)}), efficiency {bound / pool_wall:.2f}, worker "
             f"CPU {pool_cpu:.2f} s = {pool_cpu / turns * 1e6:.0f} us per assistant turn, worker "
