@@ -199,13 +199,31 @@ def test_features_from_trajectories():
         return ToolCallRecord(name=name, arguments={}, observation="", cost=cost, latency=lat)
 
     t0 = Trajectory(task_id="a", turns=[
-        TurnRecord(text="", tool_calls=[call("search", 0.01, 2.0), call("gpt5", 0.5, 9.0)]),
-        TurnRecord(text="", tool_calls=[call("search", 0.01, 1.0), call("bogus", 0.0, 0.0)])])
-    t1 = Trajectory(task_id="a", turns=[TurnRecord(text="answer")])
+        TurnRecord(text="", tool_calls=[call("search", 0.01, 2.0), call("gpt5", 0.5, 9.0)],
+                   generation_s=0.5),
+        TurnRecord(text="", tool_calls=[call("search", 0.01, 1.0), call("bogus", 0.0, 0.0)],
+                   generation_s=0.25)])
+    t1 = Trajectory(task_id="a", turns=[TurnRecord(text="answer", generation_s=3.0)])
     counts, cost, lat = rl.features_from_trajectories([t0, t1], ["search", "gpt5"])
     np.testing.assert_array_equal(counts, [[2, 1], [0, 0]])
     np.testing.assert_allclose(cost, [0.52, 0.0], rtol=1e-6)
-    np.testing.assert_allclose(lat, [10.0, 0.0], rtol=1e-6)   # a turn costs its slowest call
+    # A turn's tools cost their slowest call (9 s, 1 s); the orchestrator's own generation time
+    # counts too (0.5 + 0.25 s; 3 s for the tool-free trajectory).
+    np.testing.assert_allclose(lat, [10.75, 3.0], rtol=1e-6)
+
+
+def test_latency_preference_sees_the_orchestrators_own_time():
+    """Two correct answers with the same 2 s tool call; one spent 1 s generating, the other 9 s.
+    Latency [3, 11] -> -latency normalised [1, 0]; with P = latency only, R = [1, 0]. Counting
+    tool time alone made the two equal (R = [0, 0]): a slow orchestrator was never penalised."""
+    def t(gen_s):
+        return Trajectory(task_id="t", final_answer="x", turns=[TurnRecord(
+            text="", generation_s=gen_s, tool_calls=[ToolCallRecord(
+                name="search", arguments={}, observation="", latency=2.0)])])
+    s = rl.score_groups([[t(1.0), t(9.0)]], np.ones((1, 2)), [["search"]],
+                        [[0.0, 0.0, 0.0, 1.0]], rl.GRPOConfig())
+    np.testing.assert_allclose(s.features.latency_QG, [[3.0, 11.0]])
+    np.testing.assert_allclose(s.reward_QG, [[1.0, 0.0]], atol=1e-6)
 
 
 def traj(*names, answer="42", cost=0.0):

@@ -106,7 +106,8 @@ def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence
     """(counts [n,N] int32, cost [n] dollars, latency [n] seconds) from agent Trajectories.
 
     Column i counts calls to `tool_names[i]`; calls to other names are not counted (the agent
-    records them as format errors).
+    records them as format errors). Latency is the paper's Clock(τ): the tools' wall-clock time
+    plus the orchestrator's own measured generation time (`Trajectory.generation_s`).
     """
     index = {name: i for i, name in enumerate(tool_names)}
     if len(index) != len(tool_names):
@@ -117,7 +118,7 @@ def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence
             if call.name in index:
                 counts[row, index[call.name]] += 1
     cost = np.array([t.cost for t in trajectories], np.float32)
-    latency = np.array([t.latency for t in trajectories], np.float32)
+    latency = np.array([t.latency + t.generation_s for t in trajectories], np.float32)
     return counts, cost, latency
 
 
