@@ -2,10 +2,10 @@
 
 Each program prints 'ESCAPED <what>' when an attempt succeeds that must not, and most end with
 'DONE' so a program that died early cannot pass by printing nothing. Its first line says what the
-run must end as. After every program the HOST is checked: no live process of a sandbox uid, no
-leftover run cgroup, no canary file written outside, the host victim process still alive, no
-connection reached the host's TCP or unix servers, no secret in the output, host memory (and
-tmpfs) back near where it was. Runs as root in CI (as here), where the uid pool and cgroups apply.
+run must end as. After every program the HOST is checked: no live process of a sandbox uid nor
+child of this test, no leftover run cgroup, no canary file written outside, the host victim
+process still alive, no connection reached the host's TCP or unix servers, no secret in the
+output, host memory (and tmpfs) back near where it was. Runs as root in CI (as here), where the uid pool and cgroups apply.
 """
 
 import asyncio
@@ -63,6 +63,20 @@ def live_sandbox_pids(config=CFG) -> list[int]:
     owners = sandbox_limits._proc_uids()
     return [p for uid, pids in owners.items() if lo <= uid < hi for p in pids
             if not sandbox_limits._is_zombie(p)]
+
+
+def live_children() -> set[int]:
+    """This test process's live child processes (the sandbox's outer processes must be gone)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        try:
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat[stat.rindex(")") + 2:].split() if stat else []
+        if fields and int(fields[1]) == os.getpid() and fields[0] not in "ZX":
+            children.add(int(entry))
+    return children
 
 
 def leftover_cgroups() -> list[pathlib.Path]:
@@ -160,6 +174,7 @@ def test_every_corpus_program_is_contained_and_the_host_is_unharmed(host):
         check_outcome(program.name, expect, r)
         # the host, after each program
         assert live_sandbox_pids() == [], program.name
+        assert live_children() == {host["victim"].pid}, program.name
         assert leftover_cgroups() == [], program.name
         assert host["victim"].poll() is None, program.name
         assert host["listener"].hits == 0, program.name
