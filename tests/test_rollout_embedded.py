@@ -172,3 +172,74 @@ def test_sharded_params_give_the_same_tokens():
 
 def test_bucket():
     assert [bucket(n, lo=16, hi=100) for n in (1, 16, 17, 64, 65, 300)] == [16, 16, 32, 64, 100, 100]
+
+
+def test_decode_chunk_size_does_not_change_tokens():
+    reqs = [req(p, temperature=0.8, max_new_tokens=11, sampling_seed=i) for i, p in
+            enumerate(PROMPTS)]
+    big = run(_generate(reqs))
+    small = run(_generate(reqs, chunk_tokens=3))
+    assert [r.output_ids for r in small] == [r.output_ids for r in big]
+    np.testing.assert_allclose([r.logprobs for r in small], [r.logprobs for r in big], atol=1e-6)
+
+
+def test_top_logprobs_are_the_top_of_the_full_softmax():
+    r = GenerateRequest(input_ids=PROMPTS[1], top_logprobs=5,
+                        sampling=SamplingParams(temperature=0.7, max_new_tokens=6,
+                                                sampling_seed=3))
+    res = run(_generate([r]))[0]
+    seq = jnp.array([list(PROMPTS[1]) + list(res.output_ids)], jnp.int32)
+    logits = np.asarray(models.forward(CFG, PARAMS, seq)[0, len(PROMPTS[1]) - 1:-1], np.float64)
+    ref = logits / 0.7 - np.log(np.exp(logits / 0.7).sum(-1, keepdims=True))
+    assert len(res.top_logprobs) == 6
+    for pos, top in enumerate(res.top_logprobs):
+        ids = [t for t, _ in top]
+        assert ids == list(np.argsort(-ref[pos])[:5])
+        np.testing.assert_allclose([lp for _, lp in top], ref[pos, ids], atol=1e-5)
+
+
+@pytest.mark.parametrize("presence,frequency", [(0.0, 1.5), (2.0, 0.0), (-1.0, 0.5)])
+def test_penalties_match_a_numpy_reference(presence, frequency):
+    """Greedy with penalties: each token is the argmax of logits - frequency * count -
+    presence * [count > 0] over the tokens generated so far (the prompt does not count)."""
+    prompt = PROMPTS[3]
+    res = run(_generate([req(prompt, temperature=0.0, max_new_tokens=12,
+                             presence_penalty=presence, frequency_penalty=frequency)]))[0]
+    plain = run(_generate([req(prompt, temperature=0.0, max_new_tokens=12)]))[0]
+    seq = jnp.array([list(prompt) + list(res.output_ids)], jnp.int32)
+    logits = np.asarray(models.forward(CFG, PARAMS, seq)[0, len(prompt) - 1:-1], np.float64)
+    counts = np.zeros(CFG.vocab_size)
+    for pos, tok in enumerate(res.output_ids):
+        adjusted = logits[pos] - frequency * counts - presence * (counts > 0)
+        assert tok == int(np.argmax(adjusted))
+        want = adjusted[tok] - np.log(np.exp(adjusted - adjusted.max()).sum()) - adjusted.max()
+        assert res.logprobs[pos] == pytest.approx(want, abs=1e-4)
+        counts[tok] += 1
+    if presence >= 0 and frequency >= 0:  # the fixture repeats tokens without a penalty
+        assert len(set(plain.output_ids)) < len(set(res.output_ids))
+
+
+def test_stream_deltas_add_up_to_the_result_and_a_closed_stream_drops_its_row():
+    async def main():
+        s = EmbeddedSampler(CFG, PARAMS, max_batch=8, max_len=64, min_bucket=32, chunk_tokens=4)
+        r = req(PROMPTS[1], temperature=0.0, max_new_tokens=10)
+        deltas = [d async for d in s.stream(r)]
+        whole = (await s.generate([r]))[0]
+        long_r = req(PROMPTS[0], temperature=0.0, max_new_tokens=60)
+        other = asyncio.create_task(s.generate([req(PROMPTS[2], temperature=0.0,
+                                                    max_new_tokens=12)]))
+        it = s.stream(long_r)
+        first = await it.__anext__()
+        await it.aclose()
+        kept = await other
+        tokens_before = s.stats["tokens"]
+        await s.aclose()
+        return deltas, whole, first, kept, tokens_before, s.stats
+    deltas, whole, first, kept, _, stats = run(main())
+    assert [len(d.output_ids) for d in deltas] == [4, 4, 2]
+    assert sum((d.output_ids for d in deltas), ()) == whole.output_ids
+    assert deltas[-1].result == whole and all(d.result is None for d in deltas[:-1])
+    assert len(first.output_ids) == 4
+    # The closed stream's row stopped; its batch-mate finished with all of its 12 tokens.
+    assert len(kept[0].output_ids) == 12
+    assert stats["tokens"] < 10 + 10 + 12 + 60
