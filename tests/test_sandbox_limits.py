@@ -236,3 +236,35 @@ def test_uid_mode_makes_no_cgroup():
     r = run("import time; time.sleep(1); print('ok')", cfg(base, limits="uid"))
     t.join()
     assert r.stdout == "ok\n" and seen == []
+
+
+def test_cgroup_v2_files_on_a_stand_in_tree(tmp_path):
+    """This host has cgroup v1 only, so the v2 path runs here against a directory laid out like
+    cgroupfs (the kernel's file names and formats, Documentation/admin-guide/cgroup-v2.rst)."""
+    root = tmp_path / "cgroup"
+    own = root / "system.slice" / "ci.service"
+    own.mkdir(parents=True)
+    for d, controllers in ((root, "cpu memory pids"), (root / "system.slice", "cpu memory pids"),
+                           (own, "cpu memory pids")):
+        (d / "cgroup.controllers").write_text(controllers + "\n")
+        (d / "cgroup.subtree_control").write_text("")
+    # our own cgroup holds processes, so the kernel refuses (EBUSY) to enable controllers for its
+    # children; a directory in place of its subtree_control makes that access fail here too
+    (own / "cgroup.subtree_control").unlink()
+    (own / "cgroup.subtree_control").mkdir()
+    parent = sandbox_limits._v2_parent(str(root), "/", "/system.slice/ci.service")
+    assert parent == root / "system.slice"
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+    cg = sandbox_limits.RunCgroup(sandbox_limits.CgroupHost(version=2, parents=(parent,)),
+                                  "orchestrax-sandbox-7")
+    cg.create(300 << 20, 20)
+    d = parent / "orchestrax-sandbox-7"
+    assert (d / "memory.max").read_text() == str(300 << 20)
+    assert (d / "pids.max").read_text() == "20"
+    assert (d / "memory.oom.group").read_text() == "1"
+    assert cg.procs_files() == [str(d / "cgroup.procs")]
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\n")
+    assert cg.oom_kills() == 1
+    # a cgroup namespace whose mount root is not '/': paths are relative to it
+    assert sandbox_limits._under("/sys/fs/cgroup", "/kubepods/pod1", "/kubepods/pod1/c") == \
+        pathlib.Path("/sys/fs/cgroup/c")
