@@ -5,6 +5,7 @@ lookup_premium $0.05 / 10 s; eval tasks alternate P = cost, latency, cost, laten
 """
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -179,3 +180,33 @@ def test_task_set_errors_name_what_is_allowed(tmp_path):
         load_task_set(str(tmp_path / "nope.jsonl"))
     with pytest.raises(ValueError, match="turn_limits"):
         EvalRun(task_sets=("routing",), turn_limits=(0,))
+
+
+def test_tau2_episode_through_eval_by_hand(shared_data):
+    """A scripted agent replays a retail task's gold actions, one call per turn, then talks; a
+    scripted user opens and then stops. tau2's own scoring passes it: accuracy 1, one turn per
+    action plus the closing message, every call counted under its tool, all free."""
+    import json as _json
+
+    from orchestrax.envs.tau2.user import ScriptedUser
+    from orchestrax.envs.tau2.verify import gold_actions
+
+    tok = tiny_qwen3_tokenizer()
+    ts = load_task_set("tau2:retail", TaskSetOptions())
+    raw_by_id = {t["id"]: t for t in ts.env.domain.tasks}
+    task = next(t for t in ts.tasks if len(gold_actions(raw_by_id[t.metadata["tau2_id"]])) >= 2
+                and not raw_by_id[t.metadata["tau2_id"]]["evaluation_criteria"].get(
+                    "communicate_info"))
+    gold = gold_actions(raw_by_id[task.metadata["tau2_id"]])
+    ts = dataclasses.replace(ts, tasks=[task])
+    ts.env.user_for = lambda _: ScriptedUser(["Hi, please help with my order."])
+    turns = ['<tool_call>\n%s\n</tool_call>' % _json.dumps(
+        {"name": a["name"], "arguments": a["arguments"]}) for a in gold] + ["All done."]
+    policy = TokenPolicy(ScriptedSampler(tok, turns=turns), tok, name="gold")
+    (rec,) = asyncio.run(evaluate(ts, policy, cfg(), progress=False))
+    assert rec.outcome == 1.0 and rec.end_reason == "user_stop"
+    assert rec.turns == len(gold) + 1 and rec.cost_usd == 0.0
+    want = {}
+    for a in gold:
+        want[a["name"]] = want.get(a["name"], 0) + 1
+    assert rec.calls == want
