@@ -265,9 +265,8 @@ class _Query:
 async def run_query(task: Task, agents: Mapping[str, SubAgent], sampler: Sampler, codec: Codec,
                     config: OrchestratorConfig = OrchestratorConfig()) -> SubagentRollout:
     """Orchestrate one query to its end (never raises except on cancellation or bad
-    configuration). `agents` are the sub-agents this query may dispatch to (at least one)."""
-    if not agents:
-        raise ValueError("run_query: agents is empty; sub-agent mode needs at least one sub-agent")
+    configuration). `agents` are the sub-agents this query may dispatch to; with none (an
+    ablation that removed every one) the orchestrator can only answer."""
     t0 = time.monotonic()
     q = _Query(task, agents, sampler, codec, config)
     await q.run()

@@ -1,0 +1,110 @@
+"""The eval grid: `--agent direct,subagent --thinking ... --ablate ...` over a QA file with one
+scripted token-in/token-out policy that plays orchestrator, sub-agents and the Direct agent."""
+
+import asyncio
+import json
+import shutil
+
+import pytest
+
+from orchestrax.agent.episode import EpisodeConfig
+from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.eval.grid import GridPoint, grid_points, grid_table, run_grid, write_grid
+from orchestrax.eval.main import EvalRun
+from orchestrax.eval.policy import TokenPolicy
+from orchestrax.eval.runners import EvalConfig
+from orchestrax.eval.subagent import SubagentOptions
+from orchestrax.eval.tasksets import TaskSetOptions
+from orchestrax.tools.python_tool import PythonTool
+from orchestrax.tools.sandbox import SandboxConfig
+
+NO_THINK = "<think>\n\n</think>\n\n"
+
+
+def call(name, **args):
+    return '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (name, json.dumps(args))
+
+
+def scripted_policy(tok, seen):
+    def script(n, ids):
+        prompt = tok.decode(list(ids))
+        seen.append(prompt)
+        if "orchestrator of a team" in prompt:
+            fresh = ("## Previous steps\n(none)" in prompt if "## Previous steps" in prompt
+                     else "<tool_response>" not in prompt)   # memory, or the no-memory replay
+            if fresh:
+                return "Need arithmetic.\n" + call("coder", task="Compute 6 times 7")
+            return "<answer>42</answer>"
+        done = "<tool_response>" in prompt   # Direct agent or the Coder
+        return "<answer>42</answer>" if done else call("python", code="print(6 * 7)")
+    return TokenPolicy(ScriptedSampler(tok, script=script), tok, name="scripted")
+
+
+def test_grid_points_and_flag_errors():
+    pts = grid_points("direct,subagent", "none,subagents,orchestrator,all", "none,no_coder")
+    assert [p.label for p in pts] == [
+        "direct/none", "direct/orchestrator", "subagent/none", "subagent/none/no_coder",
+        "subagent/subagents", "subagent/subagents/no_coder", "subagent/orchestrator",
+        "subagent/orchestrator/no_coder", "subagent/all", "subagent/all/no_coder"]
+    with pytest.raises(ValueError, match=r"--thinking='some'; allowed: comma-separated none"):
+        grid_points("subagent", "some")
+    with pytest.raises(ValueError, match=r"--agent='solo'; allowed: comma-separated direct"):
+        grid_points("solo", "none")
+    with pytest.raises(ValueError, match=r"--ablate='no_planner'"):
+        grid_points("subagent", "none", "no_planner")
+    with pytest.raises(ValueError, match=r"SubagentOptions.ablation='x'"):
+        SubagentOptions(ablation="x")
+
+
+def test_grid_runs_every_point_and_writes_table_and_plots(tmp_path):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (the Coder's sandbox)")
+    tok = tiny_qwen3_tokenizer(512)
+    data = tmp_path / "arith.jsonl"
+    data.write_text(json.dumps({"id": 1, "question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    seen: list[str] = []
+    policy = scripted_policy(tok, seen)
+    run = EvalRun(task_sets=(str(data),), turn_limits=(), progress=False,
+                  cfg=EvalConfig(episode=EpisodeConfig(max_turns=4, max_new_tokens=256,
+                                                       context_tokens=4096),
+                                 seconds_per_token=0.01),
+                  options=TaskSetOptions(tools={"python": PythonTool(SandboxConfig())},
+                                         preferences=False))
+    points = [GridPoint("direct", "none"), GridPoint("subagent", "orchestrator"),
+              GridPoint("subagent", "orchestrator", "no_coder"),
+              GridPoint("subagent", "orchestrator", "no_memory")]
+    payload = asyncio.run(run_grid(policy, run, points))
+    rows = {r["point"]: r for r in payload["rows"]}
+    assert list(rows) == ["direct/none", "subagent/orchestrator",
+                          "subagent/orchestrator/no_coder", "subagent/orchestrator/no_memory"]
+    for label in ("direct/none", "subagent/orchestrator", "subagent/orchestrator/no_memory"):
+        assert rows[label]["accuracy"] == 1.0, label
+    assert rows["direct/none"]["calls_per_task"] == {"python": 1.0}
+    assert rows["subagent/orchestrator"]["calls_per_task"] == {"dispatch:coder": 1.0,
+                                                               "python": 1.0}
+    # Without the Coder the orchestrator's dispatch is refused; python is never called.
+    assert "python" not in rows["subagent/orchestrator/no_coder"]["calls_per_task"]
+    # Sub-agent mode counts the orchestrator's 2 calls and the Coder's 2; Direct its 2 turns.
+    assert rows["subagent/orchestrator"]["turns"] == 2 and rows["direct/none"]["turns"] == 2
+    sub_record = payload["records"][f"subagent/orchestrator:{data.stem}"][0]
+    # latency: the Coder's sandbox time plus seconds_per_token on every generated token
+    assert sub_record["completion_tokens"] > 0 and sub_record["tool_latency_s"] > 0
+    assert sub_record["latency_s"] == pytest.approx(
+        sub_record["tool_latency_s"] + 0.01 * sub_record["completion_tokens"], rel=1e-6)
+
+    # Thinking placement reached the prompts: Direct "none" closed the think block; the
+    # sub-agent-mode orchestrator ("orchestrator") left it open; its Coder closed it.
+    direct = [p for p in seen if "orchestrator of a team" not in p and "You are a coder" not in p]
+    orch = [p for p in seen if "orchestrator of a team" in p]
+    coder = [p for p in seen if "You are a coder" in p]
+    assert direct and all(p.endswith(NO_THINK) for p in direct)
+    assert orch and not any(p.endswith(NO_THINK) for p in orch)
+    assert coder and all(p.endswith(NO_THINK) for p in coder)
+
+    text = grid_table(payload["rows"])
+    assert "subagent/orchestrator/no_memory" in text and "dispatch:coder" in text
+    written = write_grid(payload, tmp_path / "out")
+    assert {p.name for p in written} == {"grid.json", "grid.csv", "grid_accuracy.png",
+                                         "grid_tokens.png", "grid_calls.png"}
+    assert all(p.stat().st_size > 0 for p in written)
+    assert len((tmp_path / "out" / "grid.csv").read_text().splitlines()) == 1 + 4
