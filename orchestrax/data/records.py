@@ -91,11 +91,6 @@ class Trajectory:
         return sum(t.generation_s for t in self.turns)
 
     @property
-    def weight_versions(self) -> set[str]:
-        """The policy versions the sampler reported for this episode's turns ("" = unknown)."""
-        return {t.weight_version for t in self.turns}
-
-    @property
     def format_errors(self) -> int:
         return sum(t.format_error is not None for t in self.turns)
 
