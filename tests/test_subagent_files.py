@@ -82,7 +82,8 @@ def test_file_inspector_subagent_reads_the_pdf(files):
     def script(n, ids):
         prompt = tok.decode(list(ids))
         if "<tool_response>" not in prompt:
-            return '<tool_call>\n{"name": "read_file", "arguments": {"path": "report.pdf"}}\n</tool_call>'
+            return ('<tool_call>\n{"name": "read_file", "arguments": {"path": "report.pdf"}}\n'
+                    '</tool_call>')
         assert "Copper melts at 1085 C" in prompt   # the PDF text reached the sub-agent
         return "<answer>Copper: 1085 C</answer>"
 

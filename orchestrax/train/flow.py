@@ -66,7 +66,7 @@ class AgentConfig:
                              ">= 2 or None")
 
 
-# --- reward and batch (pure, numpy) ----------------------------------------------------------------
+# --- reward and batch (pure, numpy) ---------------------------------------------------------
 def dispatch_features(groups: Sequence[Sequence[SubagentRollout]], agent_names: Sequence[str]
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dispatch counts [Q,G,N], cost [Q,G] dollars, latency [Q,G] seconds)."""
