@@ -268,3 +268,53 @@ def test_cgroup_v2_files_on_a_stand_in_tree(tmp_path):
     # a cgroup namespace whose mount root is not '/': paths are relative to it
     assert sandbox_limits._under("/sys/fs/cgroup", "/kubepods/pod1", "/kubepods/pod1/c") == \
         pathlib.Path("/sys/fs/cgroup/c")
+
+
+def test_without_a_cgroup_the_watchdog_bounds_memory_summed_over_children():
+    """limits='uid' (a host without cgroups): the same 4 x 800 MB hog is stopped by the watchdog
+    that sums the run's private resident memory every 50 ms; a soft bound, so a wider margin."""
+    hog = ("import os, time\n"
+           "for _ in range(4):\n"
+           "    if os.fork() == 0:\n"
+           "        x = b'x' * (800 << 20)\n"
+           "        time.sleep(30)\n"
+           "        os._exit(0)\n"
+           "for _ in range(4):\n"
+           "    print(os.wait(), flush=True)\n")
+    before = mem_available_mib()
+    low = [before]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            low[0] = min(low[0], mem_available_mib())
+            time.sleep(0.005)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    r = run(hog, cfg(396_000, limits="uid", memory_bytes=512 << 20, wall_timeout_s=15,
+                     cpu_seconds=15))
+    done.set()
+    t.join()
+    assert r.memory_limit_hit and not r.timed_out, r
+    assert "memory limit of the run" in r.observation()
+    assert before - low[0] < 512 + 1200, (before, low[0])  # 3.2 GB without the watchdog
+
+
+def test_tree_private_bytes_counts_a_process_and_its_children():
+    """Against the kernel's own per-process numbers: a child holding 200 MB of anonymous memory."""
+    child = subprocess.Popen([sys.executable, "-c",
+                              "x = b'y' * (200 << 20); import sys; print('ready', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        status = pathlib.Path(f"/proc/{child.pid}/status").read_text()
+        anon = sum(int(l.split()[1]) * 1024 for l in status.splitlines()
+                   if l.startswith(("RssAnon:", "RssShmem:")))
+        assert anon > 200 << 20
+        assert sandbox_limits.tree_private_bytes(child.pid) == pytest.approx(anon, rel=0.01)
+        # this test process is an ancestor: its total includes the child's
+        assert sandbox_limits.tree_private_bytes(os.getpid()) > anon
+    finally:
+        child.communicate("")

@@ -39,9 +39,11 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 class SandboxConfig:
     """Limits: seconds of CPU and wall time, bytes of address space / file size / tmpfs / output.
 
-    `memory_bytes` and `processes` bound the whole run (all its processes together) when it gets a
-    cgroup; `limits` says whether it must ('cgroup'), may ('auto') or must not ('uid': leased uid
-    and rlimits only, so memory is bounded by processes x address_space_bytes).
+    `memory_bytes` and `processes` bound the whole run (all its processes together): hard limits
+    in the run's cgroup. `limits` says whether it must get one ('cgroup'), may ('auto') or must
+    not ('uid'). Without a cgroup, processes are capped by RLIMIT_NPROC of the run's own leased
+    uid (as root) and memory by a watchdog that polls the run's process tree every 50 ms (a soft
+    bound: the run can overshoot by what it allocates in that time).
     """
 
     mode: SandboxMode = "bwrap"
@@ -54,7 +56,7 @@ class SandboxConfig:
     tmpfs_bytes: int = 64 << 20            # each of /tmp and /dev/shm
     open_files: int = 64
     processes: int = 32                    # per run (cgroup pids.max and the leased uid's NPROC)
-    memory_bytes: int = 1 << 30            # per run, tmpfs included; needs a cgroup
+    memory_bytes: int = 1 << 30            # per run (with a cgroup, tmpfs pages included)
     limits: LimitsMode = "auto"
     output_bytes: int = 16 << 10           # per stream, before the truncation marker
     host_uid_base: int = 200_000           # only used when running as root
@@ -82,7 +84,8 @@ class SandboxResult:
     exit_code: int | None           # negative: killed by that signal
     timed_out: bool                 # the wall-clock limit fired
     seconds: float
-    memory_limit_hit: bool = False  # the run's cgroup OOM-killed one of its processes
+    memory_limit_hit: bool = False  # the run's cgroup OOM-killed a process, or the watchdog
+                                    # killed the run
     error: str | None = None        # the sandbox itself failed (not the code); nothing ran or
                                     # the run was cut short
 
@@ -327,10 +330,13 @@ async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Le
             os.close(fd)
     readers = asyncio.gather(_read_capped(proc.stdout, config.output_bytes),
                              _read_capped(proc.stderr, config.output_bytes))
-    init, timed_out = None, False
+    init, timed_out, over_memory, watchdog = None, False, False, None
     try:
         if info_r is not None:
             init = await _namespace_init(info_r, config.wall_timeout_s)
+        if init is not None and lease.cgroup is None:
+            watchdog = asyncio.ensure_future(
+                sandbox_limits.watch_memory(init[0], config.memory_bytes))
         try:
             # a lone surrogate goes through as bytes: the interpreter reports the bad source
             proc.stdin.write(code.encode("utf-8", "surrogatepass"))
@@ -339,11 +345,15 @@ async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Le
             pass  # the child died before reading all its code; its stderr says why
         finally:
             proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), config.wall_timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
+        exited = asyncio.ensure_future(proc.wait())
+        done, _ = await asyncio.wait({exited} | ({watchdog} if watchdog else set()),
+                                     timeout=config.wall_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        over_memory = watchdog in done
+        timed_out = not done
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
         _kill_group(proc.pid)
         if init is not None:
             await _kill_namespace(init)
@@ -356,6 +366,6 @@ async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Le
     status = proc.returncode
     if bwrap and status is not None and status > 128:
         status = -(status - 128)  # bwrap reports a signalled child as 128 + signal number
-    oom = lease.cgroup is not None and lease.cgroup.oom_kills() > 0
+    oom = over_memory or (lease.cgroup is not None and lease.cgroup.oom_kills() > 0)
     return SandboxResult(stdout=stdout, stderr=stderr, exit_code=status, timed_out=timed_out,
                          seconds=time.monotonic() - t0, memory_limit_hit=oom)

@@ -6,8 +6,8 @@ their holder) and no process of that uid is alive, zombies included (they still 
 RLIMIT_NPROC). RLIMIT_NPROC on that uid is then a process cap for this run alone, so a fork bomb
 cannot starve its neighbours. Where the host lets us create cgroups with the memory and pids
 controllers (v2, else v1), the run also gets its own cgroup: memory (tmpfs pages included) and
-process count summed over all its processes. Without root none of this applies: the caller falls
-back to per-process rlimits.
+process count summed over all its processes. Without a cgroup, `watch_memory` polls the run's
+process tree instead. Without root there is no uid pool: the caller falls back to rlimits.
 """
 
 from __future__ import annotations
@@ -77,6 +77,40 @@ async def kill_uid(uid: int, timeout_s: float = 5.0) -> list[int]:
             except ProcessLookupError:
                 pass
         await asyncio.sleep(0.005)
+
+
+# ---------------------------------------------------------------- memory without a cgroup
+
+def tree_private_bytes(root_pid: int) -> int:
+    """Resident anonymous + shared-memory bytes of `root_pid` and every descendant (file-backed
+    pages such as the interpreter's libraries are left out: they are shared and reclaimable)."""
+    total, stack, seen = 0, [root_pid], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith(("RssAnon:", "RssShmem:")):
+                    total += int(line.split()[1]) * 1024
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                stack += map(int, pathlib.Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited between two reads
+    return total
+
+
+async def watch_memory(root_pid: int, limit_bytes: int, period_s: float = 0.05) -> None:
+    """Return as soon as the tree under `root_pid` holds more than `limit_bytes` (see
+    `tree_private_bytes`); never returns otherwise. A soft bound: the run can overshoot by what
+    it allocates in one period. If /proc cannot be read it logs once and stops watching."""
+    try:
+        while tree_private_bytes(root_pid) <= limit_bytes:
+            await asyncio.sleep(period_s)
+    except (OSError, ValueError):
+        log.exception("sandbox memory watchdog stopped; the run's memory is not bounded")
+        await asyncio.Event().wait()
 
 
 # ---------------------------------------------------------------- the uid pool
