@@ -147,8 +147,15 @@ def test_malformed_rollouts_are_filtered_on_every_turn(tok, tmp_path):
 
 
 def test_preferences_and_config_errors():
-    got = preferences([task("a"), task("b", (0.5, 0, 1, 1, 0.2, 0.3)), task("c", (1, 1, 0, 1))], 3)
-    assert np.allclose(got, [[0, 0, 0, 1, 0, 0], [0.5, 0, 1, 1, 0.2, 0.3], [0, 0, 0, 1, 0, 1]])
+    tasks = [task("a"), task("b", (0.5, 0, 1, 1, 0.2, 0.3)), task("c", (1, 1, 0, 1)),
+             task("d", (0.2, 0.9, 0.4, 1, 0, 1))]
+    tools = [[], [], ["x"], ["web_search", "local_search", "python"]]
+    got = preferences(tasks, NAMES, tools)
+    assert np.allclose(got, [
+        [0, 0, 0, 1, 0, 0],                 # no P: the outcome alone
+        [0.5, 0, 1, 1, 0.2, 0.3],           # P over the sub-agents: as is
+        [0, 0, 0, 1, 0, 1],                 # P over a tool no sub-agent holds: last three
+        [0.9, 0.4, 0, 1, 0, 1]])            # searcher = max(web 0.2, local 0.9), coder = python
     with pytest.raises(ValueError, match=r"AgentConfig.mode='flow'; allowed: \('direct', "):
         AgentConfig(mode="flow")
     with pytest.raises(ValueError, match=r"AgentConfig.exclude=\['memory'\]"):

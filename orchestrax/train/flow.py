@@ -77,18 +77,27 @@ def dispatch_features(groups: Sequence[Sequence[SubagentRollout]], agent_names: 
     return counts, cost, latency
 
 
-def preferences(tasks: Sequence[Task], n_agents: int) -> np.ndarray:
-    """[Q, N+3]: a task's P when it is ordered (sub-agents…, outcome, compute, latency); a P over
-    other tools keeps its last three weights; no P scores the outcome alone."""
-    out = np.zeros((len(tasks), n_agents + 3), np.float32)
+def preferences(tasks: Sequence[Task], agent_names: Sequence[str],
+                tool_names: Sequence[Sequence[str]] | None = None) -> np.ndarray:
+    """[Q, N+3] ordered (sub-agents…, outcome, compute, latency). A task's P over its own tools
+    (`tool_names[i]`, P = (tools…, outcome, compute, latency)) weighs each sub-agent by the
+    largest weight among the tools that sub-agent holds; a P already over the sub-agents is
+    taken as is; no P scores the outcome alone."""
+    n = len(agent_names)
+    out = np.zeros((len(tasks), n + 3), np.float32)
     for i, task in enumerate(tasks):
         p = task.preference
+        names = list(tool_names[i]) if tool_names is not None else None
         if p is None:
             out[i, -3] = 1.0
-        elif len(p) == n_agents + 3:
-            out[i] = p
-        else:
-            out[i, -3:] = p[-3:]
+            continue
+        out[i, -3:] = p[-3:]
+        if names is not None and len(p) == len(names) + 3:
+            weight = dict(zip(names, p))
+            out[i, :n] = [max((weight[t] for t in ROLES[a].tool_names if t in weight), default=0.0)
+                          for a in agent_names]
+        elif len(p) == n + 3:
+            out[i, :n] = p[:n]
     return out
 
 
@@ -136,16 +145,18 @@ def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.nd
 
 def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]],
                outcome_QG: np.ndarray, agent_names: Sequence[str], grpo: rl.GRPOConfig, *,
-               pad_id: int, max_turn_tokens: int, row_multiple: int
+               pad_id: int, max_turn_tokens: int, row_multiple: int,
+               tool_names: Sequence[Sequence[str]] | None = None
                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The ToolOrchestra reward, filters and group advantages over [Q,G] rollouts, then the
-    per-turn batch. Returns (batch, stats)."""
+    per-turn batch. `tool_names`: each task's own tools, the order its P uses (see
+    `preferences`). Returns (batch, stats)."""
     counts, cost, latency = dispatch_features(groups, agent_names)
     fmt = np.array([[r.format_errors for r in gr] for gr in groups], np.int32)
     answered = np.array([[r.final_answer is not None for r in gr] for gr in groups])
     valid = (fmt == 0) & answered
     R = rl.toolorchestra_reward(counts, outcome_QG, cost, latency,
-                                preferences(tasks, len(agent_names)),
+                                preferences(tasks, agent_names, tool_names),
                                 scope=grpo.reward_scope, valid=valid)
     keep, counters = rl.sample_mask(R, format_errors=fmt, has_answer=answered,
                                     min_std=grpo.min_group_std)
@@ -220,8 +231,10 @@ class FlowRunner:
     def make_batch(self, tasks, groups, outcome, pad_id: int
                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         q, g = outcome.shape
+        names = [[t.spec.name for t in self.env.tools(task)] for task in tasks]
         return flow_batch(tasks, groups, outcome, self.agent_names, self.cfg.grpo, pad_id=pad_id,
-                          max_turn_tokens=self.max_turn_tokens, row_multiple=q * g)
+                          max_turn_tokens=self.max_turn_tokens, row_multiple=q * g,
+                          tool_names=names)
 
 
 def shared_tools(agent: AgentConfig) -> list:
