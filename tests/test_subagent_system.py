@@ -226,3 +226,16 @@ def test_bad_configuration_names_the_field(tok, tools):
         build_subagents(tools, None, Codec(tok), exclude=("searcher",))
     with pytest.raises(ValueError, match="OrchestratorConfig.turn_tokens=0"):
         OrchestratorConfig(turn_tokens=0)
+
+
+def test_tools_no_subagent_holds_are_left_out_or_refused(tools):
+    import dataclasses
+
+    from orchestrax.agent.subagent import assign_tools, holdable
+    stranger = FileReadTool([])
+    stranger.spec = dataclasses.replace(stranger.spec, name="llm_expert")
+    assert holdable([*tools, stranger]) == tools
+    assert {k: [t.spec.name for t in v] for k, v in assign_tools(tools).items()} == {
+        "web_searcher": ["local_search"], "coder": ["python"], "file_inspector": ["read_file"]}
+    with pytest.raises(ValueError, match="tool 'llm_expert' belongs to no sub-agent"):
+        assign_tools([stranger])

@@ -12,8 +12,8 @@ import dataclasses
 from collections import Counter
 from typing import Any, Sequence
 
-from orchestrax.agent.subagent import (ROLES, THINKING, FileReadTool, OrchestratorConfig,
-                                       SubAgentConfig, build_subagents, run_query, thinking_flags)
+from orchestrax.agent.subagent import (THINKING, FileReadTool, OrchestratorConfig, SubAgentConfig,
+                                       build_subagents, holdable, run_query, thinking_flags)
 from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
 from orchestrax.eval.records import EpisodeRecord
@@ -65,8 +65,7 @@ async def run_subagent(task: Task, env: Environment, policy: Any, tools: Sequenc
     sub_sampler, sub_codec = (_token_policy(opts.subagent_policy, "subagent_policy")
                               if opts.subagent_policy is not None else (sampler, codec))
     files = task.metadata.get("attachments") or ()
-    held = [t for t in tools if any(t.spec.name in r.tool_names for r in ROLES.values())]
-    held += [FileReadTool(files)] if files else []
+    held = holdable(tools) + ([FileReadTool(files)] if files else [])
     ep = cfg.episode
     agents = build_subagents(held, sub_sampler, sub_codec, SubAgentConfig(
         max_steps=opts.subagent_steps, max_new_tokens=opts.subagent_new_tokens,

@@ -20,7 +20,8 @@ import numpy as np
 
 from orchestrax import rl
 from orchestrax.agent.subagent import (ROLES, THINKING, OrchestratorConfig, SubAgentConfig,
-                                       SubagentRollout, build_subagents, run_query, thinking_flags)
+                                       SubagentRollout, build_subagents, holdable, run_query,
+                                       thinking_flags)
 from orchestrax.data.records import Task
 from orchestrax.train import batching
 
@@ -202,7 +203,7 @@ class FlowRunner:
     def tools_for(self, task: Task) -> list:
         from orchestrax.agent.subagent import FileReadTool
         files = task.metadata.get("attachments") or ()
-        tools = {t.spec.name: t for t in self.env.tools(task)}   # the task's own tools win
+        tools = {t.spec.name: t for t in holdable(self.env.tools(task))}  # the task's own win
         for tool in [*self.tools, *([FileReadTool(files)] if files else [])]:
             tools.setdefault(tool.spec.name, tool)
         return list(tools.values())

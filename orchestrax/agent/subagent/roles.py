@@ -52,6 +52,12 @@ ROLES: dict[str, Role] = {r.name: r for r in (
 )}
 
 
+def holdable(tools: Sequence[Tool]) -> list[Tool]:
+    """The tools some sub-agent can hold; the rest (LLM-as-tool, domain functions) have no place
+    in sub-agent mode, where the orchestrator itself calls no tool."""
+    return [t for t in tools if any(t.spec.name in r.tool_names for r in ROLES.values())]
+
+
 def assign_tools(tools: Sequence[Tool]) -> dict[str, list[Tool]]:
     """Role name -> the given tools that role holds (roles with none are left out). Tools no
     role takes are an error: in sub-agent mode the orchestrator itself calls no tool."""
