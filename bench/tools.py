@@ -55,8 +55,9 @@ async def rate(make_call, total: int, concurrency: int) -> float:
 
 
 async def bench_sandbox(total: int, concurrency: int) -> str:
-    """bwrap with the run's cgroup (where the host allows one) and with the uid pool only, against
-    a plain subprocess, interleaved in one run so the shared cores' load hits all three alike."""
+    """bwrap with the run's cgroup (where the host allows one) and without (uid pool and memory
+    watchdog), against a plain subprocess, interleaved in one run so the shared cores' load hits
+    all three alike."""
     boxed = {"cgroup": SandboxConfig(limits="auto"), "uid": SandboxConfig(limits="uid")}
     calls = {name: (lambda c=c: _stdout(run_python(CODE, c))) for name, c in boxed.items()}
     calls["plain"] = lambda: plain_python(CODE, boxed["uid"].python)
@@ -69,9 +70,10 @@ async def bench_sandbox(total: int, concurrency: int) -> str:
     best = {name: max(r) for name, r in rates.items()}
     cgroup = "cgroup" if sandbox_limits.cgroup_host() is not None else "no cgroup on this host"
     return (f"sandbox {total // 3 * 3} runs x {concurrency} concurrent of `{CODE}` (best of 3): "
-            f"bwrap+seccomp+uid pool+{cgroup} {best['cgroup']:.1f} exec/s, bwrap+seccomp+uid pool "
-            f"{best['uid']:.1f} exec/s, plain subprocess {best['plain']:.1f} exec/s, overhead ratio "
-            f"{best['plain'] / best['cgroup']:.2f}x / {best['plain'] / best['uid']:.2f}x")
+            f"bwrap+seccomp+uid pool+{cgroup} {best['cgroup']:.1f} exec/s, "
+            f"bwrap+seccomp+uid pool+memory watchdog {best['uid']:.1f} exec/s, "
+            f"plain subprocess {best['plain']:.1f} exec/s, "
+            f"overhead ratio {best['plain'] / best['cgroup']:.2f}x / {best['plain'] / best['uid']:.2f}x")
 
 
 async def _stdout(coro) -> str:
