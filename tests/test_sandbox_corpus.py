@@ -5,7 +5,8 @@ Each program prints 'ESCAPED <what>' when an attempt succeeds that must not, and
 run must end as. After every program the HOST is checked: no live process of a sandbox uid nor
 child of this test, no leftover run cgroup, no canary file written outside, the host victim
 process still alive, no connection reached the host's TCP or unix servers, no secret in the
-output, host memory (and tmpfs) back near where it was. Runs as root in CI (as here), where the uid pool and cgroups apply.
+output, host memory (and tmpfs) back near where it was. Runs as root in CI (as here), where the
+uid pool and cgroups apply.
 """
 
 import asyncio
@@ -126,8 +127,8 @@ def host():
     os.environ["ORCHESTRAX_CORPUS_SECRET"] = secret
     env = dict(listener=listener, victim=victim, canary=canary, secret=secret,
                secret_path=secret_path,
-               canary_paths=[REPO / canary, pathlib.Path("/usr") / canary, pathlib.Path("/") / canary,
-                             pathlib.Path("/etc") / canary, pathlib.Path("/tmp") / canary])
+               canary_paths=[REPO / canary, *(pathlib.Path(d) / canary
+                                              for d in ("/usr", "/", "/etc", "/tmp"))])
     yield env
     del os.environ["ORCHESTRAX_CORPUS_SECRET"]
     secret_path.unlink()

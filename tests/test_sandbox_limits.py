@@ -118,7 +118,8 @@ def test_a_leftover_cgroup_of_a_crashed_holder_is_emptied_and_reused():
     base = 340_000
     stale = sandbox_limits.RunCgroup(host, f"{sandbox_limits.CGROUP_PREFIX}{base}")
     stale.create(64 << 20, 4)
-    orphan = subprocess.Popen(["/bin/sh", "-c", f"echo $$ > {stale.procs_files()[0]} && exec sleep 60"])
+    orphan = subprocess.Popen(["/bin/sh", "-c",
+                               f"echo $$ > {stale.procs_files()[0]} && exec sleep 60"])
     try:
         for _ in range(100):
             if stale.pids():

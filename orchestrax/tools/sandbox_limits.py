@@ -95,7 +95,8 @@ def tree_private_bytes(root_pid: int) -> int:
                 if line.startswith(("RssAnon:", "RssShmem:")):
                     total += int(line.split()[1]) * 1024
             for tid in os.listdir(f"/proc/{pid}/task"):
-                stack += map(int, pathlib.Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
+                children = pathlib.Path(f"/proc/{pid}/task/{tid}/children").read_text()
+                stack += map(int, children.split())
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited between two reads
     return total
@@ -116,7 +117,7 @@ async def watch_memory(root_pid: int, limit_bytes: int, period_s: float = 0.05) 
 # ---------------------------------------------------------------- the uid pool
 
 def lock_dir() -> pathlib.Path:
-    base = pathlib.Path("/run") if os.access("/run", os.W_OK) else pathlib.Path(tempfile.gettempdir())
+    base = pathlib.Path("/run" if os.access("/run", os.W_OK) else tempfile.gettempdir())
     path = base / "orchestrax-sandbox"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
@@ -355,7 +356,8 @@ class Lease:
             if self.uid is not None:
                 left = await kill_uid(self.uid)
                 if left:
-                    log.warning("sandbox uid %d: %d processes survived SIGKILL", self.uid, len(left))
+                    log.warning("sandbox uid %d: %d processes survived SIGKILL", self.uid,
+                                len(left))
         finally:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
