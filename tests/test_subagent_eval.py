@@ -108,3 +108,35 @@ def test_grid_runs_every_point_and_writes_table_and_plots(tmp_path):
                                          "grid_tokens.png", "grid_calls.png"}
     assert all(p.stat().st_size > 0 for p in written)
     assert len((tmp_path / "out" / "grid.csv").read_text().splitlines()) == 1 + 4
+
+
+@pytest.mark.slow
+def test_cli_grid_on_an_hf_policy(tmp_path, capsys):
+    """`orchestrax eval --agent direct,subagent --thinking none,orchestrator` end to end on a
+    random tiny Qwen3 (HF directory, embedded sampler): one row per point, grid files written."""
+    from orchestrax import models
+    from orchestrax.cli import main as cli
+    from orchestrax.train.setup import write_model_card
+
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    write_model_card(tmp_path / "card", cfg, tok)
+    models.save_hf(cfg, models.init_params(cfg, 3), tmp_path / "hf",
+                   tokenizer_dir=tmp_path / "card")
+    data = tmp_path / "arith.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "question": f"{i} + 1?", "answer": str(i + 1)})
+                            + "\n" for i in range(2)))
+    out = tmp_path / "grid"
+    assert cli(["eval", "--policy", str(tmp_path / "hf"), "--tasks", str(data), "--max-turns", "2",
+                "--max-new-tokens", "12", "--context-tokens", "2048", "--no-progress",
+                "--agent", "direct,subagent", "--thinking", "none,orchestrator",
+                "--ablate", "none,no_memory", "--out", str(out)]) == 0
+    payload = json.loads((out / "grid.json").read_text())
+    assert payload["grid"] == ["direct/none", "direct/orchestrator", "subagent/none",
+                               "subagent/none/no_memory", "subagent/orchestrator",
+                               "subagent/orchestrator/no_memory"]
+    assert [r["tasks"] for r in payload["rows"]] == [2] * 6
+    assert all(r["prompt_tokens"] > 0 for r in payload["rows"])
+    for name in ("grid.csv", "grid_accuracy.png", "grid_tokens.png"):
+        assert (out / name).stat().st_size > 0
+    assert "subagent/orchestrator/no_memory" in capsys.readouterr().out
