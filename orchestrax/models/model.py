@@ -5,7 +5,8 @@ G = N / K query heads per kv head, H head dim, F MLP width, V vocab, L layers.
 
 Layers are stacked on a leading L axis and run under `lax.scan`, so a 36-layer model compiles
 one block. Parameters are stored in `cfg.param_dtype`; matmuls run in `cfg.dtype`; RMSNorm,
-softmax and logits are computed in float32.
+softmax and logits are computed in float32. Attention (attention.py) never materialises the
+[T, S] scores, so memory grows linearly with the sequence.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from orchestrax.models.attention import attention
 from orchestrax.models.configs import ModelConfig
 from orchestrax.parallel import constrain
 
@@ -67,23 +69,10 @@ def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_BTNH.dtype)
 
 
-def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> jax.Array:
-    """Grouped-query attention; masked scores get a large negative, so all-masked (padding) rows
-    stay finite instead of NaN."""
-    b, t, n, h = q_BTNH.shape
-    kh = k_BSKH.shape[2]
-    q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
-                        preferred_element_type=jnp.float32) * (h ** -0.5)
-    scores = jnp.where(mask_BTS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_BSKH)
-    return out.reshape(b, t, n, h)
-
-
-def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, mask_BTS, kv=None, index=None):
-    """One decoder block. With `kv` (this layer's cache k, v), new keys/values are written at
-    `index` and attention runs over the whole cache; returns (x, (k, v))."""
+def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, index=None):
+    """One decoder block. Without `kv`, query t sees keys s <= t; with `kv` (this layer's cache
+    k, v), new keys/values are written at `index` and query t sees cache slots <= index + t.
+    Either way only keys with `kv_valid_BS` count. Returns (x, (k, v))."""
     dt = jnp.dtype(cfg.dtype)
     w = jax.tree.map(lambda p: p.astype(dt), lp)
     h_BTD = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
@@ -95,10 +84,12 @@ def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, mask_BTS, kv=None, index=N
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "seq", "act_heads", None))
     k = rope(k, positions_BT, cfg.rope_theta)
+    q_offset = 0
     if kv is not None:
         k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
-    attn_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS)
+        q_offset = index
+    attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset)
     x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"])
     x_BTD = constrain(x_BTD, ("batch", "seq", "act_embed"))
     h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
@@ -116,11 +107,11 @@ _REMAT = {
 }
 
 
-def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, mask_BTS, cache=None):
+def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, kv_valid_BS, cache=None):
     """Scan the stacked layers; threads the cache through the scan when given."""
     def body(x, xs):
         lp, kv = xs
-        x, new_kv = _block(cfg, x, lp, positions_BT, mask_BTS, kv,
+        x, new_kv = _block(cfg, x, lp, positions_BT, kv_valid_BS, kv,
                            None if cache is None else cache["index"])
         return x, (new_kv if cache is not None else None)
 
@@ -153,10 +144,8 @@ def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
     if attention_mask_BT is None:
         attention_mask_BT = jnp.ones((b, t), jnp.bool_)
     valid_BT = attention_mask_BT.astype(jnp.bool_)
-    causal_TS = jnp.tril(jnp.ones((t, t), jnp.bool_))
-    mask_BTS = causal_TS[None] & valid_BT[:, None, :]
     x, _ = _layers(cfg, params, _embed(cfg, params, input_ids_BT),
-                   positions_from_mask(valid_BT), mask_BTS)
+                   positions_from_mask(valid_BT), valid_BT)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
 
 
@@ -244,9 +233,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array
     seen_B = jnp.sum(cache["mask"] & (slot_S < index)[None], axis=1)
     positions_BT = seen_B[:, None] + jnp.maximum(jnp.cumsum(new_valid_BT, axis=1) - 1, 0)
     kv_mask_BS = jax.lax.dynamic_update_slice_in_dim(cache["mask"], new_valid_BT, index, axis=1)
-    query_slot_T = index + jnp.arange(t)
-    mask_BTS = kv_mask_BS[:, None, :] & (slot_S[None, :] <= query_slot_T[:, None])[None]
-    x, (k, v) = _layers(cfg, params, _embed(cfg, params, input_ids_BT), positions_BT, mask_BTS,
+    x, (k, v) = _layers(cfg, params, _embed(cfg, params, input_ids_BT), positions_BT, kv_mask_BS,
                         cache)
     if last_only:
         x = x[:, -1:]
@@ -259,4 +246,4 @@ jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_ar
                                  static_argnames="last_only")
 __all__ = ["init_params", "forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
            "forward_with_cache", "positions_from_mask", "jit_forward", "jit_forward_with_cache",
-           "rms_norm", "rope", "attention"]
+           "rms_norm", "rope"]

@@ -1,0 +1,205 @@
+"""Causal grouped-query attention whose memory is linear in the sequence length.
+
+Letters as in model.py: B batch, T queries, S keys, N query heads, K kv heads, G = N / K, H head
+dim; `bq`/`bk` are block lengths, `nq`/`nk` block counts.
+
+Query `t` sits at slot `q_offset + t` and sees key `s` when `s <= q_offset + t` and
+`kv_valid[b, s]`: the training forward has `q_offset = 0, S = T`; a KV-cache step has
+`q_offset` = the cache index. That mask is never built as a [B, T, S] array.
+
+Scores are made one (query block, key block) pair at a time with an online softmax (the
+flash-attention recurrence) and a custom VJP that recomputes them in the backward pass from the
+output and its log-sum-exp, so neither pass keeps anything of size T x S. Pairs that causality
+masks entirely are skipped. Rows with no visible key (left padding) give 0.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+BLOCK_Q = 512
+BLOCK_K = 512
+_NEG = -1e30  # masked scores: finite, so a row with no visible key yet never makes inf - inf
+
+
+def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, kv_valid_BS: jax.Array,
+              q_offset: jax.Array | int = 0, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+              fused: str | None = "auto") -> jax.Array:
+    """Softmax(q·kᵀ/√H)·v under the causal, key-validity mask above; returns [B, T, N, H] in
+    q's dtype. Scores and softmax are float32.
+
+    `fused` names a `jax.nn.dot_product_attention` implementation to use when the mask allows
+    it (no cache offset, and at run time every row right-padded); "auto" is cuDNN's flash
+    attention on GPU for 16-bit dtypes and nothing elsewhere; None always takes the chunked
+    path."""
+    if fused == "auto":
+        fused = "cudnn" if _cudnn_applies(q_BTNH) else None
+    if fused is not None and isinstance(q_offset, int) and q_offset == 0 and (
+            k_BSKH.shape[1] == q_BTNH.shape[1]):
+        return _fused_if_right_padded(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, fused,
+                                      functools.partial(attention, block_q=block_q,
+                                                        block_k=block_k, fused=None))
+    return _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k)
+
+
+def _cudnn_applies(q_BTNH: jax.Array) -> bool:
+    h = q_BTNH.shape[-1]
+    return (jax.default_backend() == "gpu" and q_BTNH.dtype in (jnp.bfloat16, jnp.float16)
+            and h % 8 == 0 and h <= 128)
+
+
+def _fused_if_right_padded(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, implementation, chunked):
+    """With right padding (training batches), causality alone hides the padding from every real
+    query, and the fused kernel takes the mask as lengths; any other layout goes chunked."""
+    s = k_BSKH.shape[1]
+    valid = kv_valid_BS.astype(jnp.bool_)
+    lengths_B = jnp.sum(valid, axis=1, dtype=jnp.int32)
+    right_padded = jnp.all(valid == (jnp.arange(s)[None] < lengths_B[:, None]))
+
+    def fused(q, k, v, valid):
+        # An all-padding row gets one visible key, so its (unused) outputs stay finite.
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                           key_value_seq_lengths=jnp.maximum(lengths_B, 1),
+                                           implementation=implementation)
+        return out.astype(q.dtype)
+
+    return jax.lax.cond(right_padded, fused, chunked, q_BTNH, k_BSKH, v_BSKH, valid)
+
+
+def _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k) -> jax.Array:
+    b, t, n, h = q_BTNH.shape
+    s, kh = k_BSKH.shape[1], k_BSKH.shape[2]
+    bq = min(t, block_q)
+    # Keep a block's score tile at block_q x block_k: a decode step (t = 1) takes S in one go.
+    bk = min(s, max(block_k, block_q * block_k // bq))
+    nq, nk = -(-t // bq), -(-s // bk)
+    q = jnp.pad(q_BTNH, ((0, 0), (0, nq * bq - t), (0, 0), (0, 0)))
+    q_nBTKGH = jnp.moveaxis(q.reshape(b, nq, bq, kh, n // kh, h), 1, 0)
+    pad_s = ((0, 0), (0, nk * bk - s), (0, 0), (0, 0))
+    k_nBSKH = jnp.moveaxis(jnp.pad(k_BSKH, pad_s).reshape(b, nk, bk, kh, h), 1, 0)
+    v_nBSKH = jnp.moveaxis(jnp.pad(v_BSKH, pad_s).reshape(b, nk, bk, kh, h), 1, 0)
+    valid = jnp.pad(kv_valid_BS.astype(jnp.bool_), ((0, 0), (0, nk * bk - s)))
+    valid_nBS = jnp.moveaxis(valid.reshape(b, nk, bk), 1, 0)
+    # Tie the mask's inputs to q: under a layer scan they are loop-invariant, and JAX would
+    # hoist every mask tile out of the loop as one [nq, nk, ..., bq, bk] residual (T x S again).
+    q_nBTKGH, valid_nBS, q_offset = jax.lax.optimization_barrier(
+        (q_nBTKGH, valid_nBS, jnp.asarray(q_offset, jnp.int32)))
+    out_nBTKGH = _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset)
+    out = jnp.moveaxis(out_nBTKGH, 0, 1).reshape(b, nq * bq, n, h)
+    return out[:, :t]
+
+
+def _slots(block: int, size: int, offset) -> jax.Array:
+    return offset + block * size + jnp.arange(size)
+
+
+def _visible(i, j, bq, bk, valid_BS, q_offset) -> jax.Array:
+    """[B, 1, 1, bq, bk] mask of query block i against key block j."""
+    causal_TS = _slots(j, bk, 0)[None, :] <= _slots(i, bq, q_offset)[:, None]
+    return (valid_BS[:, None, :] & causal_TS[None])[:, None, None]
+
+
+def _needed(i, j, bq, bk, q_offset) -> jax.Array:
+    """False when causality hides key block j from every query of block i."""
+    return j * bk <= q_offset + (i + 1) * bq - 1
+
+
+def _scores(q_BTKGH, k_BSKH) -> jax.Array:
+    scale = q_BTKGH.shape[-1] ** -0.5
+    return jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                      preferred_element_type=jnp.float32) * scale
+
+
+@jax.custom_vjp
+def _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset):
+    return _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset)[0]
+
+
+def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset):
+    nq, b, bq, kh, g, h = q_nBTKGH.shape
+    bk = k_nBSKH.shape[2]
+
+    def one_query_block(xs):
+        i, q_BTKGH = xs
+
+        def step(carry, ys):
+            j, k_BSKH, v_BSKH, valid_BS = ys
+
+            def update(carry):
+                m_BKGT, l_BKGT, acc_BKGTH = carry
+                mask = _visible(i, j, bq, bk, valid_BS, q_offset)
+                s = jnp.where(mask, _scores(q_BTKGH, k_BSKH), _NEG)
+                m_new = jnp.maximum(m_BKGT, jnp.max(s, axis=-1))
+                p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+                corr = jnp.exp(m_BKGT - m_new)
+                pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(v_BSKH.dtype), v_BSKH,
+                                preferred_element_type=jnp.float32)
+                return m_new, l_BKGT * corr + jnp.sum(p, axis=-1), acc_BKGTH * corr[..., None] + pv
+
+            needed = _needed(i, j, bq, bk, q_offset)
+            return jax.lax.cond(needed, update, lambda c: c, carry), None
+
+        init = (jnp.full((b, kh, g, bq), _NEG, jnp.float32), jnp.zeros((b, kh, g, bq), jnp.float32),
+                jnp.zeros((b, kh, g, bq, h), jnp.float32))
+        (m, l, acc), _ = jax.lax.scan(step, init, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
+                                                   v_nBSKH, valid_nBS))
+        seen = l > 0
+        out_BKGTH = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
+        lse_BKGT = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+        return jnp.einsum("BKGTH->BTKGH", out_BKGTH).astype(q_BTKGH.dtype), lse_BKGT
+
+    out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), q_nBTKGH))
+    return out, (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset, out, lse)
+
+
+def _flash_bwd(res, dout_nBTKGH):
+    q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset, out_nBTKGH, lse_nBKGT = res
+    nq, b, bq, kh, g, h = q_nBTKGH.shape
+    bk = k_nBSKH.shape[2]
+    scale = h ** -0.5
+    dt = q_nBTKGH.dtype
+    # D_i = rowsum(dO * O): the softmax Jacobian's diagonal term, once per query.
+    d_nBKGT = jnp.einsum("nBTKGH,nBTKGH->nBKGT", dout_nBTKGH.astype(jnp.float32),
+                         out_nBTKGH.astype(jnp.float32))
+
+    def one_key_block(dq_nBTKGH, xs):
+        j, k_BSKH, v_BSKH, valid_BS = xs
+
+        def step(carry, ys):
+            i, q_BTKGH, do_BTKGH, lse_BKGT, d_BKGT = ys
+
+            def grads(carry):
+                dk_BSKH, dv_BSKH = carry
+                mask = _visible(i, j, bq, bk, valid_BS, q_offset)
+                p = jnp.where(mask, jnp.exp(_scores(q_BTKGH, k_BSKH) - lse_BKGT[..., None]), 0.0)
+                dv_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", p.astype(dt), do_BTKGH,
+                                      preferred_element_type=jnp.float32)
+                dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_BTKGH, v_BSKH,
+                                preferred_element_type=jnp.float32)
+                ds = (p * (dp - d_BKGT[..., None])).astype(dt)
+                dq = jnp.einsum("BKGTS,BSKH->BTKGH", ds, k_BSKH,
+                                preferred_element_type=jnp.float32) * scale
+                dk_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", ds, q_BTKGH,
+                                      preferred_element_type=jnp.float32) * scale
+                return (dk_BSKH, dv_BSKH), dq
+
+            def skip(carry):
+                return carry, jnp.zeros((b, bq, kh, g, h), jnp.float32)
+
+            return jax.lax.cond(_needed(i, j, bq, bk, q_offset), grads, skip, carry)
+
+        zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
+        (dk, dv), dq_parts = jax.lax.scan(step, (zeros, zeros), (
+            jnp.arange(nq), q_nBTKGH, dout_nBTKGH, lse_nBKGT, d_nBKGT))
+        return dq_nBTKGH + dq_parts, (dk, dv)
+
+    dq0 = jnp.zeros(q_nBTKGH.shape, jnp.float32)
+    dq, (dk, dv) = jax.lax.scan(one_key_block, dq0, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
+                                                     v_nBSKH, valid_nBS))
+    return (dq.astype(dt), dk.astype(k_nBSKH.dtype), dv.astype(v_nBSKH.dtype), None, None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
