@@ -17,9 +17,10 @@ import dataclasses
 import pathlib
 from typing import Any, Sequence
 
+from orchestrax.agent.subagent import THINKING, thinking_flags
 from orchestrax.eval import report
 from orchestrax.eval.subagent import ABLATIONS, SubagentOptions
-from orchestrax.agent.subagent import THINKING, thinking_flags
+from orchestrax.tools.base import Pricing
 
 AGENTS = ("direct", "subagent")
 
@@ -61,9 +62,11 @@ def grid_points(agents: str, thinking: str, ablations: str = "none") -> list[Gri
 
 
 async def run_grid(policy: Any, run: Any, points: Sequence[GridPoint], *,
-                   subagent_policy: Any = None) -> dict[str, Any]:
-    """`run`: the `eval.main.EvalRun` every point starts from. Returns a payload shaped like
-    `run_eval`'s, with rows (and records) labelled by point."""
+                   subagent_policy: Any = None, subagent_pricing: Pricing | None = None
+                   ) -> dict[str, Any]:
+    """`run`: the `eval.main.EvalRun` every point starts from; `subagent_policy` and
+    `subagent_pricing`: the sub-agents' model and its price (None: the orchestrator's, free).
+    Returns a payload shaped like `run_eval`'s, with rows (and records) labelled by point."""
     from orchestrax.eval.main import run_eval
 
     rows, records, created = [], {}, None
@@ -71,7 +74,8 @@ async def run_grid(policy: Any, run: Any, points: Sequence[GridPoint], *,
         episode = dataclasses.replace(run.cfg.episode,
                                       enable_thinking=thinking_flags(point.thinking)[0])
         options = (SubagentOptions(thinking=point.thinking, ablation=point.ablation,
-                                   subagent_policy=subagent_policy)
+                                   subagent_policy=subagent_policy,
+                                   subagent_pricing=subagent_pricing)
                    if point.agent == "subagent" else None)
         cfg = dataclasses.replace(run.cfg, episode=episode, agent_options=options)
         payload = await run_eval(policy, dataclasses.replace(run, cfg=cfg, runner=point.agent,

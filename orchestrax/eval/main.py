@@ -167,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=args.context_tokens,
                          seed=args.seed)
+    sub_pricing = None
+    if args.subagent_price:
+        from orchestrax.tools.sheets import load_sheet
+        sub_pricing = load_sheet(args.sheet or "train_list").model_pricing(args.subagent_price)
     sub_policy = (load_policy(args.subagent_policy, tokenizer=args.tokenizer,
                               max_len=args.context_tokens, seed=args.seed)
                   if args.subagent_policy else None)
@@ -174,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     async def go():
         try:
             if is_grid:
-                return await grid.run_grid(policy, spec, points, subagent_policy=sub_policy)
+                return await grid.run_grid(policy, spec, points, subagent_policy=sub_policy,
+                                           subagent_pricing=sub_pricing)
             return await run_eval(policy, spec)
         finally:
             await policy.aclose()
@@ -215,6 +220,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "no_web_searcher, no_coder, no_file_inspector, no_memory")
     p.add_argument("--subagent-policy", help="the sub-agents' model (run or HF dir, sglang:URL); "
                    "default: --policy")
+    p.add_argument("--subagent-price", metavar="MODEL",
+                   help="bill the sub-agents' tokens at this model's row of the sheet")
     p.add_argument("--max-turns", type=int, default=50)
     p.add_argument("--turn-sweep", default="10,20,50,100",
                    help="comma-separated turn limits ('' for none)")

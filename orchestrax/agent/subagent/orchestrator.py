@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pathlib
 import re
 import time
 from typing import Any, Literal, Mapping
@@ -137,7 +138,6 @@ def query_of(task: Task) -> str:
     query = str(users[-1].get("content") or "")
     files = task.metadata.get("attachments") or ()
     if files:
-        import pathlib
         query += "\nAttached files: " + ", ".join(pathlib.Path(f).name for f in files)
     return query
 
