@@ -2,9 +2,10 @@
 `orchestrax serve`), speaking the native `/generate` API over aiohttp.
 
 Each request goes to the healthy server with the fewest outstanding requests; a connection
-error, timeout or 5xx marks that server down and the request is retried on another. A
-background task re-checks down servers with `/health` and, before routing to them again,
-replays the last weight sync they missed.
+error, timeout, 5xx, or a 200 whose body is cut or malformed marks that server down and the
+request is retried on another (same rid; the caller gets exactly one result per request). A 400
+is the request's own fault and is raised at once. A background task re-checks down servers with
+`/health` and, before routing to them again, replays the last weight sync they missed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class SamplerUnavailable(RuntimeError):
 
 class WeightSyncError(RuntimeError):
     pass
+
+
+class _BadResponse(Exception):
+    """A 200 answer whose body is truncated or not a /generate item: retried elsewhere."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,7 @@ class SGLangClient:
         self._health_task: asyncio.Task | None = None
         self._last_sync: dict[str, Any] | None = None
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
+        self._reported = dict(self.stats)
 
     async def __aenter__(self) -> "SGLangClient":
         self._ensure_session()
@@ -131,11 +137,15 @@ class SGLangClient:
                         raise aiohttp.ClientResponseError(resp.request_info, (),
                                                           status=resp.status,
                                                           message=await resp.text())
-                    item = await resp.json()
-                return result_from_json(item, request=req)
+                    try:
+                        return result_from_json(await resp.json(), request=req)
+                    except (ValueError, aiohttp.ContentTypeError) as e:
+                        # A 200 that does not parse is the server's (or the network's) fault.
+                        raise _BadResponse(f"{server.url} sent a malformed body: {e}") from None
             except ProtocolError:
                 raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError,
+                    _BadResponse) as e:
                 last = e
                 server.healthy = False
                 self.stats["retries"] += 1
@@ -146,6 +156,12 @@ class SGLangClient:
         self.stats["failures"] += 1
         raise SamplerUnavailable(f"request {req.rid} failed on {sorted(tried)} after "
                                  f"{self.config.max_attempts} attempts: {last}")
+
+    def take_counters(self) -> dict[str, int]:
+        """Requests, retries and failed requests since the previous call (for per-step metrics)."""
+        out = {k: v - self._reported[k] for k, v in self.stats.items()}
+        self._reported = dict(self.stats)
+        return out
 
     async def abort(self, rid: str | None = None) -> None:
         """Abort one request (by rid) or all in-flight requests on every server; the pending

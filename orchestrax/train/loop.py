@@ -31,6 +31,7 @@ from orchestrax.data.records import Task, Trajectory
 from orchestrax.data.tasks import task_stream
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
+from orchestrax.rollout.sglang_client import SGLangClient
 from orchestrax.tools.randomize import instance_seed
 from orchestrax.train import batching, config, episodes, setup
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
@@ -184,7 +185,7 @@ class Trainer:
             stale = episodes.drop_stale((tr for gr in groups for tr in gr),
                                         str(self._global_step()))
             batch, stats = self._make_batch(tasks, groups, outcome)
-            stats |= stale
+            stats |= stale | _sampler_counters(self.sampler)
             if self.ref_params is not None:
                 # To host like the rest of the batch: the step places it on its own shardings.
                 batch["ref_logprobs"] = np.asarray(self._ref_logprobs(
@@ -332,6 +333,14 @@ class Trainer:
         log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in row.items()))
         return row
+
+
+def _sampler_counters(sampler: Any) -> dict[str, float]:
+    """The SGLang client's retries and failed requests during this step (when it runs in this
+    process; episode workers keep their own clients)."""
+    if not isinstance(sampler, SGLangClient):
+        return {}
+    return {f"rollout_{k}": float(v) for k, v in sampler.take_counters().items()}
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
