@@ -150,7 +150,7 @@ def test_full_query_isolation_memory_and_prompts(tok, tools):
     assert acc.prompt_tokens == sum(enc(p) for p in orch_prompts + sub_prompts)
     assert acc.completion_tokens == sum(len(s.output_ids) for s in rollout.samples) + sum(
         t.tokens_out for r in rollout.reports for t in r.trajectory.turns)
-    assert acc.latency_s > 0 and acc.summary()["tool_calls/python"] == 1.0
+    assert acc.latency_s > 0
     # The verifier's view: the sub-agents' tool calls hang under the orchestrator turns.
     assert [len(t.tool_calls) for t in rollout.turns] == [1, 1, 1, 0]
 

@@ -91,7 +91,7 @@ def subagent_record(rollout, outcome: float, *, tools: Sequence[Tool],
     tool_latency = sum(r.trajectory.latency for r in rollout.reports if r.trajectory is not None)
     policy_latency = (max(0.0, acc.latency_s - tool_latency) if seconds_per_token is None
                       else seconds_per_token * acc.completion_tokens)
-    calls = Counter(c.name for c in acc.tool_calls)
+    calls = Counter(acc.calls_per_tool())
     calls.update({f"dispatch:{k}": v for k, v in acc.dispatches.items()})
     traj = rollout.trajectory
     return EpisodeRecord(

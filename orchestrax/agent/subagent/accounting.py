@@ -63,15 +63,3 @@ class QueryAccount:
 
     def calls_per_tool(self) -> dict[str, int]:
         return dict(collections.Counter(c.name for c in self.tool_calls))
-
-    def summary(self) -> dict[str, float]:
-        """Flat numbers for tables and metrics."""
-        out = {"prompt_tokens": float(self.prompt_tokens),
-               "completion_tokens": float(self.completion_tokens),
-               "model_calls": float(len(self.model_calls)), "turns": float(self.turns),
-               "dispatches": float(sum(self.dispatches.values())),
-               "tool_calls": float(len(self.tool_calls)), "latency_s": self.latency_s,
-               "cost_usd": self.cost_usd}
-        out |= {f"dispatches/{k}": float(v) for k, v in self.dispatches.items()}
-        out |= {f"tool_calls/{k}": float(v) for k, v in self.calls_per_tool().items()}
-        return out
