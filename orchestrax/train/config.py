@@ -79,6 +79,10 @@ class TrainConfig:
     env_kwargs: tuple[tuple[str, Any], ...] = ()
     sft_steps: int = 0                      # supervised warm-start steps before RL
     sft_batch: int = 64
+    # JSONL files of trajectories for the warm start (orchestrax/data/sft.py says the format);
+    # () uses the environment's demonstrations. sft_workers: grain prefetch processes.
+    sft_data: tuple[str, ...] = ()
+    sft_workers: int = 0
     steps: int = 100                        # RL steps
     seed: int = 0
     out_dir: str = "runs/default"           # checkpoints, metrics.jsonl, exported HF dirs
@@ -123,6 +127,8 @@ class TrainConfig:
         for name in ("sft_steps", "steps", "checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)}; must be >= 0")
+        if self.sft_workers < 0:
+            raise ValueError(f"TrainConfig.sft_workers={self.sft_workers}; must be >= 0")
         for name in ("sft_batch", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)}; must be >= 1")

@@ -33,7 +33,7 @@ from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.rollout.sglang_client import SGLangClient
 from orchestrax.tools.randomize import instance_seed
-from orchestrax.train import batching, config, episodes, setup
+from orchestrax.train import batching, config, episodes, setup, warmstart
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
@@ -132,7 +132,8 @@ class Trainer:
         return history
 
     def _sft(self) -> list[dict[str, Any]]:
-        """Warm start on the environment's demonstrations (format and task, no preference)."""
+        """Warm start on the environment's demonstrations (format and task, no preference) or on
+        the JSONL trajectories of `sft_data`."""
         cfg = self.cfg
         sft = rl.make_train_step(self.model_cfg,
                                  dataclasses.replace(cfg.grpo, objective="sft", num_minibatches=1,
@@ -140,14 +141,16 @@ class Trainer:
                                  cfg.sft_optim or cfg.optim, self.mesh)
         self.state = sft.init(self.state.params) if self.step == 0 else self.state
         history = []
-        demos = setup.demonstrations(self.env, self.train_tasks, self.tokenizer, cfg)
+        shape = dict(seq_len=cfg.rollout.context_tokens, batch_size=cfg.sft_batch, seed=cfg.seed,
+                     start=self.step)
+        if cfg.sft_data:  # JSONL trajectories through grain, packed
+            batches = warmstart.jsonl_batches(cfg.sft_data, self.codec, workers=cfg.sft_workers,
+                                              **shape)
+        else:
+            demos = setup.demonstrations(self.env, self.train_tasks, self.tokenizer, cfg)
+            batches = warmstart.demo_batches(demos, pad_id=setup.pad_id(self.codec), **shape)
         while self.step < cfg.sft_steps:
-            rng = np.random.default_rng([cfg.seed, 1, self.step])
-            chosen = [demos[i] for i in rng.choice(len(demos), cfg.sft_batch)]
-            batch = batching.pack(chosen, pad_id=setup.pad_id(self.codec),
-                                  max_len=cfg.rollout.context_tokens)
-            del batch["sampler_logprobs"]
-            self.state, metrics = sft.step(self.state, batch)
+            self.state, metrics = sft.step(self.state, next(batches))
             self.step += 1
             if self.step % 10 == 0 or self.step == cfg.sft_steps:
                 row = {"phase": "sft", "step": self.step, **_floats(metrics)}

@@ -1,0 +1,77 @@
+"""Where the supervised warm start gets its batches: the environment's demonstrations, or
+JSONL files of trajectories (`TrainConfig.sft_data`) through the grain pipeline of
+`orchestrax.data.sft`.
+
+Packed rows hold several sequences one after another. The model attends over the whole row
+(it has no segment mask yet), so a packed sequence sees the ones before it in its row, as in
+TRL's classic packing; positions run on across the row. The batches carry `segment_ids` and
+`positions` for the day the model takes them; the step is given tokens and masks only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from orchestrax.agent.chat import render_messages
+from orchestrax.data.sft import sft_batches
+
+_ASSISTANT = re.compile(r"(<\|im_start\|>assistant\n)(.*?<\|im_end\|>)", re.S)
+_STEP_KEYS = ("tokens", "attention_mask", "loss_mask")
+
+
+class ConversationRenderer:
+    """(messages, tools) -> (ids, loss mask): 1 on each assistant turn's body and its
+    `<|im_end|>`, 0 elsewhere. Pieces are tokenised apart at the assistant header, exactly where
+    a rollout's prompt ends and the sampler's ids begin. Picklable (grain workers)."""
+
+    def __init__(self, codec: Any):
+        self.codec = codec
+
+    def __call__(self, messages: Sequence[dict], tools: Sequence[Any] = ()
+                 ) -> tuple[list[int], list[int]]:
+        text = render_messages(messages, tools=tools, keep_thinking=True)
+        ids: list[int] = []
+        mask: list[int] = []
+        cursor = 0
+        for m in _ASSISTANT.finditer(text):
+            for piece, loss in ((text[cursor:m.end(1)], 0), (m.group(2), 1)):
+                piece_ids = self.codec.encode(piece)
+                ids += piece_ids
+                mask += [loss] * len(piece_ids)
+            cursor = m.end()
+        tail = self.codec.encode(text[cursor:]) if cursor < len(text) else []
+        return ids + tail, mask + [0] * len(tail)
+
+
+def jsonl_batches(paths: Sequence[str], codec: Any, *, seq_len: int, batch_size: int,
+                  seed: int, workers: int, start: int) -> Iterator[dict[str, np.ndarray]]:
+    """The train step's SFT batches ([B, seq_len] tokens / attention_mask / loss_mask) from
+    JSONL files, skipping the `start` batches a resumed run has already trained on."""
+    if workers:
+        import absl.flags  # grain's worker processes read absl flags
+        if not absl.flags.FLAGS.is_parsed():
+            absl.flags.FLAGS(["orchestrax"])
+    it = iter(sft_batches(paths, ConversationRenderer(codec), seq_len=seq_len,
+                          batch_size=batch_size, seed=seed, workers=workers))
+    for _ in range(start):
+        next(it)
+    for batch in it:
+        yield {k: batch[k] for k in _STEP_KEYS}
+
+
+def demo_batches(demos: Sequence[Any], *, pad_id: int, seq_len: int, batch_size: int, seed: int,
+                 start: int) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of the environment's demonstration trajectories, drawn with replacement; batch
+    k depends only on (seed, k), so a resumed run continues the same sequence from `start`."""
+    from orchestrax.train import batching
+
+    step = start
+    while True:
+        rng = np.random.default_rng([seed, 1, step])
+        chosen = [demos[i] for i in rng.choice(len(demos), batch_size)]
+        batch = batching.pack(chosen, pad_id=pad_id, max_len=seq_len)
+        yield {k: batch[k] for k in _STEP_KEYS}
+        step += 1
