@@ -29,8 +29,8 @@ class _Env(Protocol):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class InstanceConfig:
     preferences: bool = True                # draw P and its instruction for tasks without one
-    randomize: RandomizeConfig | None = None  # None: every catalog tool, the catalog's sheet
-    eval_sheet: str | None = None           # eval only: price instances with this sheet
+    randomize: RandomizeConfig | None = None  # training only; None: every tool, catalog's sheet
+    eval_sheet: str | None = None           # eval: every tool, priced with this sheet
 
     def __post_init__(self):
         if self.eval_sheet is not None:
@@ -41,11 +41,10 @@ def _tool_sample(catalog_names: Sequence[str], split: preferences.Pool, seed: in
                  config: InstanceConfig) -> ToolConfigSample | None:
     if not catalog_names:
         return None
-    if split == "eval" and config.eval_sheet is not None:
-        if config.randomize is None:
-            return ToolConfigSample(tools=tuple(sorted(catalog_names)), sheet=config.eval_sheet)
-        return sample_config(catalog_names, seed, dataclasses.replace(
-            config.randomize, sheets=(config.eval_sheet,)))
+    if split == "eval":  # the whole tool set, as the paper evaluates; repriced if asked
+        if config.eval_sheet is None:
+            return None
+        return ToolConfigSample(tools=tuple(sorted(catalog_names)), sheet=config.eval_sheet)
     if config.randomize is None:
         return None
     sample = sample_config(catalog_names, seed, config.randomize)
