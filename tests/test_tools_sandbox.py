@@ -18,7 +18,10 @@ from orchestrax.tools.sandbox import (SandboxConfig, SandboxUnavailable, TRUNCAT
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
-CFG = SandboxConfig(wall_timeout_s=4.0, cpu_seconds=3)
+# this module's own host uids: other sandbox users on the host (default 200000..) never show up
+# in its process checks
+UID_BASE = 240_000
+CFG = SandboxConfig(wall_timeout_s=4.0, cpu_seconds=3, host_uid_base=UID_BASE)
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -44,7 +47,7 @@ def test_trivial_code_runs_as_nobody_in_an_empty_root():
 
 
 def test_infinite_loop_is_killed_by_the_wall_clock():
-    cfg = SandboxConfig(wall_timeout_s=1.5, cpu_seconds=60)
+    cfg = SandboxConfig(wall_timeout_s=1.5, cpu_seconds=60, host_uid_base=UID_BASE)
     r = run("while True: pass", cfg)
     assert r.timed_out
     assert "wall-clock limit" in r.observation()
@@ -52,7 +55,7 @@ def test_infinite_loop_is_killed_by_the_wall_clock():
 
 
 def test_cancelling_the_call_kills_the_run():
-    cfg = SandboxConfig(wall_timeout_s=60.0, cpu_seconds=60)
+    cfg = SandboxConfig(wall_timeout_s=60.0, cpu_seconds=60, host_uid_base=UID_BASE)
 
     async def scenario():
         with pytest.raises(asyncio.TimeoutError):
@@ -77,7 +80,7 @@ def test_fork_bomb_is_contained_and_leaves_no_process_behind():
             "        os.fork()\n"
             "    except OSError:\n"
             "        pass\n")
-    cfg = SandboxConfig(wall_timeout_s=2.0, cpu_seconds=2, processes=16)
+    cfg = SandboxConfig(wall_timeout_s=2.0, cpu_seconds=2, processes=16, host_uid_base=UID_BASE)
     r = run(bomb, cfg)
     assert r.timed_out or (r.exit_code or 0) < 0
     assert live_sandbox_pids(cfg) == []
