@@ -4,6 +4,7 @@ model) restores with today's code and gives the logits it gave then."""
 import pathlib
 import shutil
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,3 +38,15 @@ def test_pre_nnx_orbax_checkpoint_restores_with_its_logits(tmp_path):
     # The restored params are the saved ones, not the restore target's.
     assert not np.allclose(np.asarray(state.params["final_norm"]),
                            np.asarray(like.params["final_norm"]))
+
+
+def test_init_gives_the_values_the_functional_init_gave(tmp_path):
+    """The fixture holds init_params(CFG, seed=11) of the functional model, final_norm x 1.5."""
+    shutil.copytree(FIXTURE / "checkpoints", tmp_path / "checkpoints")
+    like = rl.init_state(models.init_params(CFG, seed=0), rl.OptimizerConfig(lr=1e-3))
+    ckpt = Checkpointer(tmp_path / "checkpoints", every=1)
+    saved = ckpt.restore(like)[0].params
+    ckpt.close()
+    now = models.init_params(CFG, seed=11)
+    now["final_norm"] = now["final_norm"] * 1.5
+    chex.assert_trees_all_equal(now, saved)

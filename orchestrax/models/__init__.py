@@ -1,17 +1,19 @@
-"""Qwen3 (and Llama-family) decoders as pure functions, sharding specs and HF checkpoint I/O."""
+"""Qwen3 (and Llama-family) decoders: params declared as a Flax NNX module, forward passes as
+pure functions over its pure state, shardings from the params' annotations, HF checkpoint I/O."""
 
 from orchestrax.models.configs import ModelConfig, num_params, preset, tiny_config
+from orchestrax.models.decoder import Decoder, abstract_decoder, init_params
 from orchestrax.models.hf_io import config_from_hf, config_to_hf, load_hf, save_hf
 from orchestrax.models.model import (forward, forward_with_cache, hidden_states, init_cache,
-                                     init_params, jit_forward, jit_forward_with_cache, lm_logits,
+                                     jit_forward, jit_forward_with_cache, lm_logits,
                                      positions_from_mask, token_logprobs)
-from orchestrax.models.sharding import (cache_logical_axes, param_logical_axes, param_shardings,
-                                        shard_params)
+from orchestrax.models.sharding import (cache_logical_axes, logical_axes, module_shardings,
+                                        param_logical_axes, param_shardings, shard_params)
 
 __all__ = [
-    "ModelConfig", "cache_logical_axes", "config_from_hf", "config_to_hf", "forward",
-    "forward_with_cache", "hidden_states", "init_cache", "init_params", "jit_forward",
-    "jit_forward_with_cache", "lm_logits", "load_hf", "num_params", "param_logical_axes",
-    "param_shardings", "positions_from_mask", "preset", "save_hf", "shard_params", "tiny_config",
-    "token_logprobs",
+    "Decoder", "ModelConfig", "abstract_decoder", "cache_logical_axes", "config_from_hf",
+    "config_to_hf", "forward", "forward_with_cache", "hidden_states", "init_cache", "init_params",
+    "jit_forward", "jit_forward_with_cache", "lm_logits", "load_hf", "logical_axes",
+    "module_shardings", "num_params", "param_logical_axes", "param_shardings",
+    "positions_from_mask", "preset", "save_hf", "shard_params", "tiny_config", "token_logprobs",
 ]

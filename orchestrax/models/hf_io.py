@@ -22,8 +22,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from orchestrax.models.configs import ModelConfig
+from orchestrax.models.decoder import init_params
 from orchestrax.models.sharding import param_shardings
-from orchestrax.models.model import init_params
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 _ARCH_BY_MODEL_TYPE = {"qwen3": ("qwen3", "Qwen3ForCausalLM"), "llama": ("llama", "LlamaForCausalLM")}

@@ -24,32 +24,6 @@ Params = dict[str, Any]
 Cache = dict[str, jax.Array]
 
 
-# --- parameters -------------------------------------------------------------------------------
-def init_params(cfg: ModelConfig, seed: int = 0) -> Params:
-    """Random init (normal, std 0.02; norms at 1). Works under `jax.eval_shape` for any size."""
-    d, f, h, n, k, nl = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_heads,
-                         cfg.num_kv_heads, cfg.num_layers)
-    dt = jnp.dtype(cfg.param_dtype)
-    keys = iter(jax.random.split(jax.random.key(seed), 16))
-
-    def normal(*shape):
-        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)
-
-    layers = {
-        "attn_norm": jnp.ones((nl, d), dt),
-        "q": normal(nl, d, n, h), "k": normal(nl, d, k, h), "v": normal(nl, d, k, h),
-        "o": normal(nl, n, h, d),
-        "mlp_norm": jnp.ones((nl, d), dt),
-        "gate": normal(nl, d, f), "up": normal(nl, d, f), "down": normal(nl, f, d),
-    }
-    if cfg.qk_norm:
-        layers |= {"q_norm": jnp.ones((nl, h), dt), "k_norm": jnp.ones((nl, h), dt)}
-    params = {"embed": normal(cfg.vocab_size, d), "layers": layers, "final_norm": jnp.ones((d,), dt)}
-    if not cfg.tie_embeddings:
-        params["lm_head"] = normal(d, cfg.vocab_size)
-    return params
-
-
 # --- building blocks --------------------------------------------------------------------------
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
@@ -244,6 +218,6 @@ def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array
 jit_forward = jax.jit(forward, static_argnums=0)
 jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4,
                                  static_argnames="last_only")
-__all__ = ["init_params", "forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
+__all__ = ["forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
            "forward_with_cache", "positions_from_mask", "jit_forward", "jit_forward_with_cache",
            "rms_norm", "rope"]

@@ -1,7 +1,7 @@
 """Logical axis names -> mesh axes. Every sharding decision of the project lives here.
 
-Parameters and activations are annotated with logical names (models/sharding.py); these rules map
-them to mesh axes. A logical name may map to one mesh axis, a tuple of them, or None (replicated).
+Parameters (each `nnx.Param`'s `sharding=`, models/decoder.py) and activations (`constrain`
+calls) are annotated with logical names; these rules map them to mesh axes. A logical name may map to one mesh axis, a tuple of them, or None (replicated).
 """
 
 from __future__ import annotations
