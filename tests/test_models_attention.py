@@ -150,3 +150,13 @@ def test_one_layer_memory_is_linear_in_t(monkeypatch):
     # The measure can tell: the materialised scores made it ~4x.
     with_attention(monkeypatch, materialised_attention)
     assert layer_temp_bytes(8192) / layer_temp_bytes(4096) > 3.5
+
+
+def test_profiles_name_blocks_attention_and_lm_head():
+    cfg = models.tiny_config()
+    params = jax.eval_shape(lambda: models.init_params(cfg))
+    ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    hlo = jax.jit(models.forward, static_argnums=0).lower(cfg, params, ids).as_text(
+        debug_info=True)
+    for scope in ("block/attention", "block/mlp", "lm_head"):
+        assert scope in hlo, scope

@@ -47,8 +47,21 @@ def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, inde
     """One decoder block. Without `kv`, query t sees keys s <= t; with `kv` (this layer's cache
     k, v), new keys/values are written at `index` and query t sees cache slots <= index + t.
     Either way only keys with `kv_valid_BS` count. Returns (x, (k, v))."""
+    w = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.dtype)), lp)
+    with jax.named_scope("attention"):
+        attn_BTD, new_kv = _self_attention(cfg, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index)
+    x_BTD = constrain(x_BTD + attn_BTD, ("batch", "seq", "act_embed"))
+    with jax.named_scope("mlp"):
+        h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
+        gate = jnp.einsum("BTD,DF->BTF", h_BTD, w["gate"])
+        up = jnp.einsum("BTD,DF->BTF", h_BTD, w["up"])
+        act_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+        x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"])
+    return constrain(x_BTD, ("batch", "seq", "act_embed")), new_kv
+
+
+def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index):
     dt = jnp.dtype(cfg.dtype)
-    w = jax.tree.map(lambda p: p.astype(dt), lp)
     h_BTD = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
     k = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["k"])
@@ -64,14 +77,7 @@ def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, inde
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
         q_offset = index
     attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset)
-    x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"])
-    x_BTD = constrain(x_BTD, ("batch", "seq", "act_embed"))
-    h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
-    gate = jnp.einsum("BTD,DF->BTF", h_BTD, w["gate"])
-    up = jnp.einsum("BTD,DF->BTF", h_BTD, w["up"])
-    act_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
-    x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"])
-    return constrain(x_BTD, ("batch", "seq", "act_embed")), (k, v)
+    return jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]), (k, v)
 
 
 _REMAT = {
@@ -85,8 +91,9 @@ def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, kv_valid_BS, 
     """Scan the stacked layers; threads the cache through the scan when given."""
     def body(x, xs):
         lp, kv = xs
-        x, new_kv = _block(cfg, x, lp, positions_BT, kv_valid_BS, kv,
-                           None if cache is None else cache["index"])
+        with jax.named_scope("block"):
+            x, new_kv = _block(cfg, x, lp, positions_BT, kv_valid_BS, kv,
+                               None if cache is None else cache["index"])
         return x, (new_kv if cache is not None else None)
 
     if cfg.remat != "none":
@@ -125,12 +132,13 @@ def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
 
 def lm_logits(cfg: ModelConfig, params: Params, h_BTD: jax.Array) -> jax.Array:
     """float32 logits [B, T, V] from hidden states."""
-    if cfg.tie_embeddings:
-        w_DV = params["embed"].astype(h_BTD.dtype).T
-    else:
-        w_DV = params["lm_head"].astype(h_BTD.dtype)
-    logits = jnp.einsum("BTD,DV->BTV", h_BTD, w_DV, preferred_element_type=jnp.float32)
-    return constrain(logits, ("batch", "seq", "act_vocab"))
+    with jax.named_scope("lm_head"):
+        if cfg.tie_embeddings:
+            w_DV = params["embed"].astype(h_BTD.dtype).T
+        else:
+            w_DV = params["lm_head"].astype(h_BTD.dtype)
+        logits = jnp.einsum("BTD,DV->BTV", h_BTD, w_DV, preferred_element_type=jnp.float32)
+        return constrain(logits, ("batch", "seq", "act_vocab"))
 
 
 def forward(cfg: ModelConfig, params: Params, input_ids: jax.Array,
