@@ -299,7 +299,7 @@ def _failed(e: BaseException, t0: float) -> SandboxResult:
 
 
 def _filter_pipe() -> int:
-    """A pipe's read end holding the compiled seccomp filter (a few hundred bytes: fits the pipe
+    """A pipe's read end holding the compiled seccomp filter (under 1 KiB: fits the pipe
     buffer, so no reader is needed yet). One per run: bwrap reads it to EOF."""
     r, w = os.pipe()
     try:
