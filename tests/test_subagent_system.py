@@ -239,3 +239,11 @@ def test_tools_no_subagent_holds_are_left_out_or_refused(tools):
         "web_searcher": ["local_search"], "coder": ["python"], "file_inspector": ["read_file"]}
     with pytest.raises(ValueError, match="tool 'llm_expert' belongs to no sub-agent"):
         assign_tools([stranger])
+
+
+def test_a_crashing_subagent_returns_a_failed_report(tok):
+    from orchestrax.agent.subagent import ROLES, SubAgent
+    agent = SubAgent(ROLES["coder"], ScriptedSampler(tok, ["x"]), codec=None, tools=[])
+    report = asyncio.run(agent.run("Compute 1 + 1", rid="t"))
+    assert not report.ok and report.result.startswith("sub-agent crashed: ")
+    assert report.trajectory is None and report.model_calls == ()

@@ -56,6 +56,8 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
             assert key in row, key
         # every one of the 8 rollouts has at least one orchestrator turn, each its own row
         assert row["flow/turn_samples"] >= 8 and row["turns_mean"] >= 1
+        # nothing over budget here: one row per orchestrator turn of the 2 x 4 rollouts
+        assert row["flow/turn_samples"] == 8 * row["turns_mean"]
         assert np.isfinite(row["loss"])
     assert history[0]["phase"] == "eval" and np.isfinite(history[0]["accuracy"])
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
