@@ -62,9 +62,9 @@ def host_memory_came_back(before: dict[str, int]) -> str | None:
 
 def live_sandbox_pids(config=CFG) -> list[int]:
     lo, hi = config.host_uid_base, config.host_uid_base + config.host_uid_slots
-    owners = sandbox_limits._proc_uids()
+    owners = sandbox_limits.processes_by_uid()
     return [p for uid, pids in owners.items() if lo <= uid < hi for p in pids
-            if not sandbox_limits._is_zombie(p)]
+            if not sandbox_limits.is_zombie(p)]
 
 
 def live_children() -> set[int]:

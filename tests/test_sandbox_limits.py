@@ -240,8 +240,8 @@ def test_a_fork_bomb_does_not_starve_concurrent_runs(limits):
     assert [r.stdout for r in innocents] == ["child ok\n"] * 4, [r.observation() for r in innocents]
     assert bomb.timed_out or (bomb.exit_code or 0) < 0
     lo, hi = config.host_uid_base, config.host_uid_base + config.host_uid_slots
-    assert not [p for u, ps in sandbox_limits._proc_uids().items() if lo <= u < hi for p in ps
-                if not sandbox_limits._is_zombie(p)]
+    assert not [p for u, ps in sandbox_limits.processes_by_uid().items() if lo <= u < hi for p in ps
+                if not sandbox_limits.is_zombie(p)]
 
 
 def test_uid_mode_makes_no_cgroup():

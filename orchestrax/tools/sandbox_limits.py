@@ -38,7 +38,7 @@ class SandboxBusy(RuntimeError):
 
 # ---------------------------------------------------------------- host processes by uid
 
-def _proc_uids() -> dict[int, list[int]]:
+def processes_by_uid() -> dict[int, list[int]]:
     """uid -> pids of every process on the host (zombies included)."""
     owners: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -51,10 +51,10 @@ def _proc_uids() -> dict[int, list[int]]:
 
 
 def processes_of(uid: int) -> list[int]:
-    return _proc_uids().get(uid, [])
+    return processes_by_uid().get(uid, [])
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     try:
         stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
@@ -68,7 +68,7 @@ async def kill_uid(uid: int, timeout_s: float = 5.0) -> list[int]:
     (or the host's init) reaps them."""
     deadline = time.monotonic() + timeout_s
     while True:
-        live = [p for p in processes_of(uid) if not _is_zombie(p)]
+        live = [p for p in processes_of(uid) if not is_zombie(p)]
         if not live or time.monotonic() > deadline:
             return live
         for pid in live:
@@ -147,7 +147,7 @@ async def lease_uid(base: int, slots: int, wait_s: float) -> tuple[int, int]:
     to free up, then raises `SandboxBusy`."""
     deadline = time.monotonic() + wait_s
     while True:
-        owners = _proc_uids()
+        owners = processes_by_uid()
         busy = {u for u in owners if base <= u < base + slots}
         for uid in range(base, base + slots):
             fd = _try_lease(uid, busy)
@@ -155,7 +155,7 @@ async def lease_uid(base: int, slots: int, wait_s: float) -> tuple[int, int]:
                 return uid, fd
         if time.monotonic() > deadline:
             # bwrap's namespace init is left a zombie for the host's pid 1 to reap after each run
-            only_zombies = sum(all(_is_zombie(p) for p in owners[u]) for u in busy)
+            only_zombies = sum(all(is_zombie(p) for p in owners[u]) for u in busy)
             raise SandboxBusy(
                 f"no free sandbox host uid in [{base}, {base + slots}) after {wait_s:.1f} s; "
                 f"{len(busy)} hold processes, {only_zombies} of them only zombies (if that is "
