@@ -76,3 +76,12 @@ def test_subagent_mode_refuses_episode_workers():
     with pytest.raises(ValueError, match=r"rollout.workers=2 with agent.mode='subagent'"):
         TrainConfig(name="x", model=models.tiny_config(), rollout=RolloutConfig(workers=2),
                     agent=AgentConfig(mode="subagent"))
+
+
+def test_subagent_mode_refuses_an_env_whose_tools_no_subagent_holds():
+    from orchestrax.envs.routing import RoutingEnv
+    from orchestrax.train.flow import FlowRunner
+    cfg = TrainConfig(name="x", model=models.tiny_config(), agent=AgentConfig(mode="subagent"))
+    with pytest.raises(ValueError, match=r"environment's tools \['lookup_cheap', 'lookup_fast', "
+                                         r"'lookup_premium'\] belong to no sub-agent"):
+        FlowRunner(cfg, RoutingEnv(), None, None, None, None)

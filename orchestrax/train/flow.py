@@ -196,6 +196,12 @@ class FlowRunner:
         self.subagent = SubAgentConfig(max_steps=a.subagent_steps,
                                        max_new_tokens=a.subagent_new_tokens,
                                        context_tokens=r.context_tokens, enable_thinking=sub_think)
+        first = env.tasks("train")[:1]
+        own = [t.spec.name for t in env.tools(first[0])] if first else []
+        if own and not holdable(env.tools(first[0])):
+            raise ValueError(f"agent.mode='subagent': the environment's tools {own} belong to no "
+                             f"sub-agent (they hold {[r.tool_names for r in ROLES.values()]}); "
+                             "use a QA environment, or agent.mode='direct'")
         self.tools = shared_tools(a)
         self.agent_names = [n for n in ROLES if n not in a.exclude]
         self.max_turn_tokens = a.train_turn_tokens or r.context_tokens
