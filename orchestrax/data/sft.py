@@ -30,7 +30,7 @@ class JsonlSource:
         self.paths = [str(pathlib.Path(p)) for p in paths]
         if not self.paths:
             raise ValueError("JsonlSource: no files given")
-        starts, files = [], []
+        starts, sizes, files = [], [], []
         for f, path in enumerate(self.paths):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"SFT data file {path!r} does not exist")
@@ -39,24 +39,25 @@ class JsonlSource:
                 for line in fh:  # streams: one line in memory at a time
                     if line.strip():
                         starts.append(offset)
+                        sizes.append(len(line))
                         files.append(f)
                     offset += len(line)
         if not starts:
             raise ValueError(f"SFT data files {self.paths} hold no records")
         self._offsets = np.asarray(starts, np.int64)
+        self._sizes = np.asarray(sizes, np.int64)
         self._files = np.asarray(files, np.int32)
-        self._handles: dict[int, Any] = {}  # opened lazily, per process (workers unpickle us)
+        self._fds: dict[int, int] = {}  # opened lazily, per process (workers unpickle us)
 
     def __len__(self) -> int:
         return len(self._offsets)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         f = int(self._files[index])
-        if f not in self._handles:
-            self._handles[f] = open(self.paths[f], "rb")
-        fh = self._handles[f]
-        fh.seek(int(self._offsets[index]))
-        line = fh.readline()
+        if f not in self._fds:
+            self._fds[f] = os.open(self.paths[f], os.O_RDONLY)
+        # pread: no shared file position, so grain's reader threads can share the descriptor.
+        line = os.pread(self._fds[f], int(self._sizes[index]), int(self._offsets[index]))
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
@@ -65,7 +66,7 @@ class JsonlSource:
         return {"record": record, "where": f"{self.paths[f]} record {index}"}
 
     def __getstate__(self):
-        return {**self.__dict__, "_handles": {}}
+        return {**self.__dict__, "_fds": {}}
 
 
 class EpochShuffle(grain.MapDataset):

@@ -18,13 +18,16 @@ import numpy as np
 from orchestrax.agent.chat import render_messages
 from orchestrax.data.sft import sft_batches
 
-_ASSISTANT = re.compile(r"(<\|im_start\|>assistant\n)(.*?<\|im_end\|>)", re.S)
+# The header ends where a rollout's prompt ends: after an empty think block when thinking is off
+# (the generation prompt supplies it), so that block is prompt, not trained.
+_ASSISTANT = re.compile(r"(<\|im_start\|>assistant\n(?:<think>\n\n</think>\n\n)?)(.*?<\|im_end\|>)",
+                        re.S)
 _STEP_KEYS = ("tokens", "attention_mask", "loss_mask")
 
 
 class ConversationRenderer:
-    """(messages, tools) -> (ids, loss mask): 1 on each assistant turn's body and its
-    `<|im_end|>`, 0 elsewhere. Pieces are tokenised apart at the assistant header, exactly where
+    """(messages, tools) -> (ids, loss mask): 1 on each assistant turn's body (a non-empty think
+    block included) and its `<|im_end|>`, 0 elsewhere. Pieces are tokenised apart at the assistant header, exactly where
     a rollout's prompt ends and the sampler's ids begin. Picklable (grain workers)."""
 
     def __init__(self, codec: Any):
