@@ -238,7 +238,15 @@ class Trainer:
                 temperature=temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
         if self.flow is not None:  # sub-agent mode
             return await self.flow.rollout(tasks, group, cfg.sampling)
-        jobs = [episodes.EpisodeJob(task=t, episode=cfg) for t in tasks for _ in range(group)]
+        # Each episode's sampling seed (its turns use seed + turn) comes from (run seed, step,
+        # eval or train, episode), so a resumed run samples exactly what the crashed one would
+        # have, whatever order requests reach the sampler in.
+        salt = 0 if temperature is None else 1
+        seeds = np.random.default_rng([self.cfg.seed, 4, self._global_step(), salt]).integers(
+            0, 2**31 - 2**16, len(tasks) * group)
+        jobs = [episodes.EpisodeJob(task=t, episode=dataclasses.replace(
+                    cfg, sampling=dataclasses.replace(cfg.sampling, sampling_seed=int(seed))))
+                for t, seed in zip((t for t in tasks for _ in range(group)), seeds)]
         if self.pool is not None:
             played = await self.pool.play(jobs)
         else:
