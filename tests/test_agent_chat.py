@@ -157,6 +157,10 @@ def test_render_matches_template_on_random_conversations(messages, tools, thinki
             messages, tools=[chat.tool_schema(t) for t in tools] or None, tokenize=False,
             add_generation_prompt=True, enable_thinking=thinking)
         assert own == ours
+        parts = chat.prompt_parts(messages, tools=tools, enable_thinking=thinking)
+        assert "".join(parts) == ours
+        assert len(parts) == 1 or parts[1::2] == [m["content"] for m in messages
+                                                  if m["role"] != "assistant" and m["content"]]
 
 
 def test_tiny_tokenizer_is_deterministic_saves_and_reloads(tmp_path):

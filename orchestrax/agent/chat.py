@@ -141,6 +141,35 @@ def render_messages(messages: Sequence[Mapping[str, Any]], *,
     return out
 
 
+def prompt_parts(messages: Sequence[Mapping[str, Any]], *,
+                 tools: Sequence[ToolSpec | Mapping[str, Any]] = (),
+                 enable_thinking: bool = True) -> list[str]:
+    """`render_messages(..., add_generation_prompt=True)` as [scaffolding, content, ...,
+    scaffolding], the odd items being the verbatim contents of the system, user and tool
+    messages (a task's question, a simulated user's opening line), so the codec keeps tag text in
+    them from becoming structure. Assistant turns stay in the scaffolding. When a content cannot
+    be located where the format puts it, the whole render is one scaffolding part."""
+    text = render_messages(messages, tools=tools, add_generation_prompt=True,
+                           enable_thinking=enable_thinking)
+    parts, pos = [], 0
+    for m in messages:
+        content = _content(m)
+        if m["role"] == "assistant" or not content:
+            continue
+        head = "\n<tool_response>\n" if m["role"] == "tool" else f"{IM_START}{m['role']}\n"
+        start = pos
+        while True:  # the next header followed by this content (an assistant turn may quote one)
+            found = text.find(head, start)
+            if found < 0:
+                return [text]
+            start = found + len(head)
+            if text.startswith(content, start):
+                break
+        parts += [text[pos:start], content]
+        pos = start + len(content)
+    return parts + [text[pos:]]
+
+
 def generation_prompt(*, enable_thinking: bool = True) -> str:
     """`<|im_start|>assistant\n`, plus an empty think block when thinking is off."""
     return f"{IM_START}assistant\n" + ("" if enable_thinking else _EMPTY_THINK)

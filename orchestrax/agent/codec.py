@@ -58,7 +58,7 @@ class Codec:
         self.im_end = vocab["<|im_end|>"]
         self.stop_ids = tuple(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
 
-        self._prompts: dict[str, list[int]] = {}
+        self._prompts: dict[str | tuple[str, ...], list[int]] = {}
         self._pieces: dict[str, tuple[int, ...]] = {}
         every_added = [t.content for t in self._tok.get_added_tokens_decoder().values()]
         # Longest first, so the regex takes the longest match at a position.
@@ -163,13 +163,16 @@ class Codec:
                  if self._tok.pre_tokenizer is not None else [text])
         return [t.id for w in words for t in self._tok.model.tokenize(w)]
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """`encode` with a small cache: a GRPO group shares one prompt across its rollouts."""
-        ids = self._prompts.get(text)
+    def encode_prompt(self, parts: str | Sequence[str]) -> list[int]:
+        """`encode` (a string) or `encode_parts` (`chat.prompt_parts`) with a small cache: a GRPO
+        group shares one prompt across its rollouts."""
+        key = parts if isinstance(parts, str) else tuple(parts)
+        ids = self._prompts.get(key)
         if ids is None:
             if len(self._prompts) >= 256:
                 self._prompts.pop(next(iter(self._prompts)))
-            ids = self._prompts[text] = self.encode(text)
+            ids = self._prompts[key] = (self.encode(parts) if isinstance(parts, str)
+                                        else self.encode_parts(parts))
         return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -4,8 +4,9 @@ The prompt is rendered and tokenised once. After that the trajectory only grows 
 ids the sampler returned (loss mask 1, its logprobs) and (b) the ids of each continuation block we
 render — tool responses, user replies, format-error notices — tokenised on their own (mask 0).
 Continuation blocks start with the "\n" that follows `<|im_end|>`, so the ids equal what a
-prefix-preserving render of the whole conversation tokenises to. Nothing is re-rendered. Text
-inside a block that spells a special token (a tool printing `<|im_end|>`) is tokenised as text.
+prefix-preserving render of the whole conversation tokenises to. Nothing is re-rendered. Message
+content that spells a special token (a tool printing `<|im_end|>`, a question quoting
+`<tool_call>`) is tokenised as text, in the prompt and in every block.
 """
 
 from __future__ import annotations
@@ -84,10 +85,8 @@ class _Episode:
         self.tools = {t.spec.name: t for t in tools}
         self.parser = ToolCallParser([t.spec for t in tools])
         messages = prompt_messages(task)
-        prompt = chat.render_messages(messages, tools=[t.spec for t in tools],
-                                      add_generation_prompt=True,
-                                      enable_thinking=config.enable_thinking)
-        ids = codec.encode_prompt(prompt)
+        ids = codec.encode_prompt(chat.prompt_parts(messages, tools=[t.spec for t in tools],
+                                                    enable_thinking=config.enable_thinking))
         self.traj = Trajectory(task_id=task.task_id, prompt_len=len(ids), token_ids=ids,
                                loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
                                messages=messages)
