@@ -17,6 +17,7 @@ import time
 from typing import Any, Sequence
 
 import grain
+from tqdm.contrib.logging import logging_redirect_tqdm
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +38,8 @@ from orchestrax.train import batching, config, episodes, setup, warmstart
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
-from orchestrax.train.metrics import MetricsLog
+from orchestrax.train import plots
+from orchestrax.train.metrics import MetricsLog, postfix, progress
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +126,15 @@ class Trainer:
     # --- phases --------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
         history = []
-        if self.phase == "sft":
-            history += self._sft()
-        history += asyncio.run(self._rl())
+        with logging_redirect_tqdm():  # log lines print above the progress bars
+            if self.phase == "sft":
+                history += self._sft()
+            history += asyncio.run(self._rl())
         self.ckpt.close()
         self.metrics.close()
+        if jax.process_index() == 0:
+            png = plots.plot_run(self.metrics.path, self.out / "metrics.png")
+            log.info("plots: %s", png)
         return history
 
     def _sft(self) -> list[dict[str, Any]]:
@@ -149,13 +155,17 @@ class Trainer:
         else:
             demos = setup.demonstrations(self.env, self.train_tasks, self.tokenizer, cfg)
             batches = warmstart.demo_batches(demos, pad_id=setup.pad_id(self.codec), **shape)
+        bar = progress(cfg.sft_steps, self.step, "warm start")
         while self.step < cfg.sft_steps:
             self.state, metrics = sft.step(self.state, next(batches))
             self.step += 1
+            bar.update()
             if self.step % 10 == 0 or self.step == cfg.sft_steps:
                 row = {"phase": "sft", "step": self.step, **_floats(metrics)}
                 history.append(self._log(row))
+                bar.set_postfix(postfix(row, ("loss",)))
             self._save()
+        bar.close()
         self._save(force=True)
         self.phase, self.step = "rl", 0
         self.state = self.update.init(self.state.params)
