@@ -185,6 +185,7 @@ class Trainer:
         await self._publish_weights()
         if self.step == 0:
             history.append(self._log(await self._evaluate()))
+        bar = progress(cfg.steps, self.step, "GRPO")
         while self.step < cfg.steps:
             t0 = time.perf_counter()
             # issue 10: each instance its own tool subset, sheet and P (Pairs_train), seeded
@@ -209,9 +210,12 @@ class Trainer:
             row = {"phase": "rl", "step": self.step, **stats, **_floats(metrics),
                    "time_rollout_s": t_roll, "time_step_s": time.perf_counter() - t0}
             history.append(self._log(row))
+            bar.update()
+            bar.set_postfix(postfix(row, ("reward_mean", "accuracy", "cost_mean")))
             self._save()
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 history.append(self._log(await self._evaluate()))
+        bar.close()
         self._save(force=True)
         if hasattr(self.sampler, "aclose"):
             await self.sampler.aclose()

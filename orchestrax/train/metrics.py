@@ -50,3 +50,14 @@ class MetricsLog:
 
     def close(self) -> None:
         self._tb.close()
+
+
+def progress(total: int, initial: int, desc: str):
+    """A tqdm bar over steps (shown on a terminal only; log lines print above it)."""
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", disable=None,
+                dynamic_ncols=True, leave=True)
+
+
+def postfix(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
+    return {k.removesuffix("_mean"): f"{row[k]:.3g}" for k in keys if k in row}
