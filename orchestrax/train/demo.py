@@ -4,7 +4,8 @@
 
 Runs configs/demo.py: a supervised warm start, then two GRPO runs from it whose tasks differ only
 in P (cost-weighted vs latency-weighted). The table shows which tool each policy calls on
-held-out tasks, sampled at the rollout temperature. Rerunning resumes every run where it stopped.
+held-out tasks, sampled at the rollout temperature; `<out>/tool_shares.png` plots each tool's
+share of the training rollouts' calls per GRPO step. Rerunning resumes every run where it stopped.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import dataclasses
 import json
 import runpy
 import shutil
+import time
 from pathlib import Path
 
-from orchestrax.train import setup
+from orchestrax.train import plots, setup
 from orchestrax.train.loop import train
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.py"
@@ -38,8 +40,10 @@ def main(argv=None) -> None:
         for c in runs]
     if args.fresh:
         shutil.rmtree(base, ignore_errors=True)
+    start = time.perf_counter()
     for cfg in runs:
         train(cfg)
+    minutes = (time.perf_counter() - start) / 60
     rows = [("before RL (warm start)", _last_eval(runs[0])),
             ("GRPO, P weighs cost", _last_eval(runs[1])),
             ("GRPO, P weighs latency", _last_eval(runs[2]))]
@@ -48,7 +52,11 @@ def main(argv=None) -> None:
     for label, row in rows:
         shares = "".join(f"{row.get(f'tool_share_{t}', float('nan')):16.2f}" for t in TOOLS)
         print(f"{label:24s}{shares}{row['accuracy']:10.2f}")
-    print(f"\nmetrics: {base}/*/metrics.jsonl")
+    shares = {label: Path(cfg.out_dir) / "metrics.jsonl"
+              for (label, _), cfg in zip(rows[1:], runs[1:])}
+    png = plots.plot_tool_shares(shares, base / "tool_shares.png")
+    print(f"\ntraining took {minutes:.1f} min; metrics: {base}/*/metrics.jsonl "
+          f"(TensorBoard: {base}/*/tensorboard); tool shares per step: {png}")
 
 
 def _last_eval(cfg) -> dict:

@@ -27,8 +27,9 @@ _STEP_KEYS = ("tokens", "attention_mask", "loss_mask")
 
 class ConversationRenderer:
     """(messages, tools) -> (ids, loss mask): 1 on each assistant turn's body (a non-empty think
-    block included) and its `<|im_end|>`, 0 elsewhere. Pieces are tokenised apart at the assistant header, exactly where
-    a rollout's prompt ends and the sampler's ids begin. Picklable (grain workers)."""
+    block included) and its `<|im_end|>`, 0 elsewhere. Pieces are tokenised apart at the
+    assistant header, exactly where a rollout's prompt ends and the sampler's ids begin.
+    Picklable (grain workers)."""
 
     def __init__(self, codec: Any):
         self.codec = codec
