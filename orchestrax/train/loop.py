@@ -332,7 +332,10 @@ class Trainer:
                  "cost_mean": float(cost.mean()), "latency_mean": float(latency.mean()),
                  "format_error_rate": float((fmt > 0).mean()),
                  "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
-                 "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat]))}
+                 "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
+                 # Every episode comes back, as a trajectory or as a failed one (never lost).
+                 "episodes": float(len(flat)),
+                 "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
         stats |= _floats(counters) | self.env.stats(tasks, groups)
         return batch, stats
 
