@@ -1,9 +1,9 @@
-"""fp32 master weights whatever the compute dtype; bf16 only where weights leave the trainer."""
+"""fp32 master weights whatever the compute dtype; bf16 only where weights leave the trainer.
+(That fp32 weights move under AdamW at lr 1e-6 and bf16 ones do not: tests/test_rl_precision.py.)"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from safetensors import safe_open
 
 from orchestrax import models
@@ -35,33 +35,3 @@ def test_save_hf_writes_the_compute_dtype_unless_told(tmp_path):
             assert {f.get_slice(n).get_dtype() for n in names} == {dtype}
     size = lambda d: (d / "model.safetensors").stat().st_size  # noqa: E731
     assert 0.49 < size(sync) / size(full) < 0.51
-
-
-def _adamw_changed_fraction(param_dtype: str) -> float:
-    """Fraction of matrix entries that moved after 5 AdamW steps at lr 1e-6, bf16 compute."""
-    cfg = CFG.replace(param_dtype=param_dtype)
-    params = models.init_params(cfg, seed=0)
-    ids = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (4, 16)), jnp.int32)
-    opt = optax.adamw(1e-6, weight_decay=0.0)
-
-    def loss(p):
-        return -jnp.mean(models.token_logprobs(cfg, p, ids)[:, 1:])
-
-    @jax.jit
-    def step(p, s):
-        g = jax.grad(loss)(p)
-        u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s
-
-    p, s = params, opt.init(params)
-    for _ in range(5):
-        p, s = step(p, s)
-    matrices = [k for k in params["layers"] if params["layers"][k].ndim > 2]
-    moved = [np.asarray(p["layers"][k] != params["layers"][k]) for k in matrices]
-    return float(np.mean(np.concatenate([m.ravel() for m in moved])))
-
-
-def test_fp32_master_weights_move_at_lr_1e_6_where_bf16_ones_do_not():
-    assert _adamw_changed_fraction("float32") >= 0.99
-    # The failure the fp32 default prevents: most bf16 weights round back to themselves.
-    assert _adamw_changed_fraction("bfloat16") < 0.5
