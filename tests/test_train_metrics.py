@@ -1,0 +1,60 @@
+"""Metrics people look at: metrics.jsonl cut back to the checkpoint on resume, TensorBoard
+events next to it, PNG plots."""
+
+import json
+import struct
+
+import pytest
+from tensorboardX.proto import event_pb2
+
+from orchestrax.train import plots
+from orchestrax.train.metrics import MetricsLog
+
+
+def _events(logdir):
+    """(tag, step, value) of every scalar in the event files, read as TFRecords."""
+    out = []
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            out += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+    return out
+
+
+def test_rows_and_events_and_resume_cut(tmp_path):
+    log = MetricsLog(tmp_path, keep_rows=0, resume_step=None)
+    for step in (1, 2, 3):
+        log.write({"phase": "rl", "step": step, "reward_mean": step / 10, "ok": True}, 10 + step)
+    log.close()
+    assert [r["step"] for r in log.read()] == [1, 2, 3]
+    assert sorted(e for e in _events(tmp_path / "tensorboard") if e[0] == "rl/reward_mean") == [
+        ("rl/reward_mean", 11, pytest.approx(0.1)), ("rl/reward_mean", 12, pytest.approx(0.2)),
+        ("rl/reward_mean", 13, pytest.approx(0.3))]
+    assert not any(tag.endswith(("/ok", "/step")) for tag, _, _ in _events(tmp_path / "tensorboard"))
+
+    # Resumed from a checkpoint taken after 2 rows (global step 12): row 3 is re-run, once.
+    log = MetricsLog(tmp_path, keep_rows=2, resume_step=12)
+    assert log.rows == 2
+    log.write({"phase": "rl", "step": 3, "reward_mean": 0.5}, 13)
+    log.close()
+    assert [(r["step"], r["reward_mean"]) for r in log.read()] == [(1, 0.1), (2, 0.2), (3, 0.5)]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+
+def test_plots_are_written(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"phase": "eval", "step": 0, "accuracy": 0.5, "tool_share_a": 0.5, "tool_share_b": 0.5}]
+    rows += [{"phase": "rl", "step": s, "reward_mean": 0.1 * s, "accuracy": 1.0, "cost_mean": 0.01,
+              "tool_share_a": 0.2 * s, "tool_share_b": 1 - 0.2 * s} for s in range(1, 5)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    png = plots.plot_run(metrics, tmp_path / "metrics.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plots.tool_names(rows) == ["a", "b"]
+    shares = plots.plot_tool_shares({"cost": metrics, "latency": metrics}, tmp_path / "s.png")
+    assert shares.stat().st_size > 10_000
+    (tmp_path / "sft.jsonl").write_text(json.dumps({"phase": "sft", "step": 10}) + "\n")
+    assert plots.plot_run(tmp_path / "sft.jsonl", tmp_path / "none.png") is None
