@@ -79,6 +79,7 @@ class EmbeddedSampler:
                                            else lambda: self._params)
         self._rng = np.random.default_rng(seed)
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._queued: dict[_Pending, None] = {}   # what the queue holds, in order, for abort
         self._running: list[_Pending] = []
         self._task: asyncio.Task | None = None
         self.stats = {"batches": 0, "requests": 0, "tokens": 0}
@@ -141,7 +142,7 @@ class EmbeddedSampler:
         """Finish queued and running requests with `rid` (all when None) as 'abort' now; running
         rows stop decoding at the end of the current chunk. Returns the count."""
         n = 0
-        for p in list(self._queue._queue) + self._running:  # a snapshot; nothing is dequeued
+        for p in [*self._queued, *self._running]:
             if (rid is None or p.request.rid == rid) and not p.future.done():
                 self._finish(p, "abort")
                 n += 1
@@ -159,7 +160,7 @@ class EmbeddedSampler:
 
     @property
     def outstanding(self) -> int:
-        return sum(not p.future.done() for p in list(self._queue._queue) + self._running)
+        return sum(not p.future.done() for p in [*self._queued, *self._running])
 
     # --- internals -----------------------------------------------------------------------------
     def _admit(self, r: GenerateRequest, stream: bool = False) -> _Pending:
@@ -179,6 +180,7 @@ class EmbeddedSampler:
             self._task = asyncio.get_running_loop().create_task(self._batch_loop())
         for p in pendings:
             self._queue.put_nowait(p)
+            self._queued[p] = None
 
     async def _batch_loop(self) -> None:
         while True:
@@ -190,6 +192,8 @@ class EmbeddedSampler:
             batch = [first]
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            for p in batch:
+                del self._queued[p]
             batch = [p for p in batch if not p.future.done()]
             if not batch:
                 continue
