@@ -87,8 +87,17 @@ def test_every_step_corrupt_is_an_error_naming_the_directory(tmp_path):
     _saved_steps(tmp_path, values=(1.0, 2.0))
     for step in ("1", "2"):
         (tmp_path / step / "state" / "_METADATA").write_text("{")
-    with pytest.raises(FileNotFoundError, match=r"no whole checkpoint left .*\[2, 1\]"):
+    with pytest.raises(FileNotFoundError, match=r"steps \[2, 1\] are all corrupt \(newest: "
+                                                r"checkpoint step 2 is corrupt: .*_METADATA"):
         Checkpointer(tmp_path, every=1).restore(_state(0.0))
+
+
+def test_a_changed_model_is_an_error_not_a_corrupt_checkpoint(tmp_path):
+    _saved_steps(tmp_path)
+    with pytest.raises(ValueError):  # every step fails the same way: nothing is moved aside
+        Checkpointer(tmp_path, every=1).restore(_state(0.0, n=32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+    assert not tmp_path.with_name(tmp_path.name + ".corrupt").exists()
 
 
 KILL_MID_SAVE = textwrap.dedent("""

@@ -8,7 +8,8 @@ Crash safety comes in three layers:
   size is written into the step; a newest step
   whose files no longer match it (a truncated data file), or whose JSON metadata does not parse,
   is named in one log line and moved aside, and the previous step is restored instead;
-- anything else that makes a restore fail is treated the same way.
+- any other restore error of the newest step counts the same, once an older step restores onto
+  the same target (an error every step shares, such as a changed model config, is raised).
 """
 
 from __future__ import annotations
@@ -98,21 +99,27 @@ class Checkpointer:
         steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
+        failed: list[tuple[CorruptCheckpoint, Exception]] = []
         for s in steps:
             try:
                 self._verify(s)
                 out = self._restore(s, like_state, data)
-            except Exception as e:  # noqa: BLE001 -- any unreadable step falls back the same way
+            except Exception as e:  # noqa: BLE001 -- judged below, once an older step restores
                 if step is not None:
                     raise
-                bad = e if isinstance(e, CorruptCheckpoint) else CorruptCheckpoint(
-                    s, self.directory / str(s), f"{type(e).__name__}: {_first_line(e)}")
-                self._quarantine(bad)
+                failed.append((e if isinstance(e, CorruptCheckpoint) else CorruptCheckpoint(
+                    s, self.directory / str(s), f"{type(e).__name__}: {_first_line(e)}"), e))
                 continue
+            # An older step restored onto the same target, so the newer ones are broken, not
+            # mismatched (a changed model config fails on every step and moves nothing).
+            for bad, _ in failed:
+                self._quarantine(bad)
             log.info("restored checkpoint of step %d", s)
             return out["state"], out["meta"]
-        raise FileNotFoundError(f"no whole checkpoint left in {self.directory} (all of steps "
-                                f"{steps} were corrupt; they are in {self._attic()})")
+        if all(isinstance(e, CorruptCheckpoint) for _, e in failed):
+            raise FileNotFoundError(f"no whole checkpoint in {self.directory}: steps {steps} are "
+                                    f"all corrupt (newest: {failed[0][0]})")
+        raise failed[0][1]
 
     def _restore(self, step: int, like_state: Any, data: Any) -> dict[str, Any]:
         items = {"state": ocp.args.StandardRestore(abstract_like(like_state)),
