@@ -117,6 +117,9 @@ def test_env_and_paths_checked_before_any_compute(tmp_path):
     with pytest.raises(FileNotFoundError, match="TrainConfig.hf_path='/nonexistent': no "
                                                 "config.json"):
         Trainer(tiny(tmp_path).replace(model=None, hf_path="/nonexistent"))
+    with pytest.raises(FileNotFoundError, match=r"TrainConfig.sft_data: \['/nope.jsonl'\] do "
+                                                "not exist"):
+        Trainer(tiny(tmp_path, sft_data=("/nope.jsonl",)))
     # Nothing was computed or written: the checks come before the params and checkpoints.
     assert not (tmp_path / "checkpoints").exists()
     with pytest.raises(ValueError, match="eval_every=10 but"):

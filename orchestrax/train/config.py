@@ -171,6 +171,10 @@ def check_paths(cfg: TrainConfig) -> None:
             f"TrainConfig.tokenizer={cfg.tokenizer!r}: not a tokenizer directory (no "
             "tokenizer.json or tokenizer_config.json there); give 'tiny' or a local HF "
             "tokenizer directory")
+    missing = [p for p in cfg.sft_data if not pathlib.Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"TrainConfig.sft_data: {missing} do not exist; give JSONL files "
+                                "of trajectories")
     if cfg.hf_path is not None and not (pathlib.Path(cfg.hf_path) / "config.json").is_file():
         raise FileNotFoundError(f"TrainConfig.hf_path={cfg.hf_path!r}: no config.json there; "
                                 "give a local Hugging Face checkpoint directory")
