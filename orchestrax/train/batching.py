@@ -33,3 +33,18 @@ def pack(trajectories: Sequence[Trajectory], *, pad_id: int, max_len: int,
         out["loss_mask"][i, :n] = t.loss_mask[:n]
         out["sampler_logprobs"][i, :n] = t.logprobs[:n]
     return out
+
+
+def gather_processes(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """On a multi-host run each process rolls out its own shard of the step's tasks; the jitted
+    step takes the global batch as numpy on every process, so rows are gathered (padded to the
+    longest T of any process first). One process: the batch as it is."""
+    import jax
+    if jax.process_count() == 1:
+        return batch
+    from jax.experimental import multihost_utils
+    t = int(np.max(multihost_utils.process_allgather(np.int32(batch["tokens"].shape[1]))))
+    padded = {k: np.pad(v, [(0, 0), (0, t - v.shape[1])] + [(0, 0)] * (v.ndim - 2))
+              if v.ndim >= 2 else v for k, v in batch.items()}
+    return {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+            for k, v in padded.items()}

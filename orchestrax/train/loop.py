@@ -204,6 +204,7 @@ class Trainer:
                 # To host like the rest of the batch: the step places it on its own shardings.
                 batch["ref_logprobs"] = np.asarray(self._ref_logprobs(
                     self.ref_params, batch["tokens"], batch["attention_mask"]))
+            batch = batching.gather_processes(batch)  # multi-host: every process's rows
             self.state, metrics = self.update.step(self.state, batch)
             self.step += 1
             await self._publish_weights()
