@@ -124,8 +124,7 @@ def test_cli_grid_on_an_hf_policy(tmp_path, capsys):
     models.save_hf(cfg, models.init_params(cfg, 3), tmp_path / "hf",
                    tokenizer_dir=tmp_path / "card")
     data = tmp_path / "arith.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "question": f"{i} + 1?", "answer": str(i + 1)})
-                            + "\n" for i in range(2)))
+    data.write_text(json.dumps({"id": 1, "question": "1 + 1?", "answer": "2"}) + "\n")
     out = tmp_path / "grid"
     assert cli(["eval", "--policy", str(tmp_path / "hf"), "--tasks", str(data), "--max-turns", "2",
                 "--max-new-tokens", "12", "--context-tokens", "2048", "--no-progress",
@@ -135,7 +134,7 @@ def test_cli_grid_on_an_hf_policy(tmp_path, capsys):
     assert payload["grid"] == ["direct/none", "direct/orchestrator", "subagent/none",
                                "subagent/none/no_memory", "subagent/orchestrator",
                                "subagent/orchestrator/no_memory"]
-    assert [r["tasks"] for r in payload["rows"]] == [2] * 6
+    assert [r["tasks"] for r in payload["rows"]] == [1] * 6
     assert all(r["prompt_tokens"] > 0 for r in payload["rows"])
     for name in ("grid.csv", "grid_accuracy.png", "grid_tokens.png"):
         assert (out / name).stat().st_size > 0

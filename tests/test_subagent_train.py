@@ -42,13 +42,13 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
         agent=AgentConfig(mode="subagent", thinking="none", orchestrator_turns=2,
                           orchestrator_new_tokens=16, subagent_steps=1, subagent_new_tokens=8,
                           sandbox=sandbox, search_corpus=str(corpus)),
-        steps=2, checkpoint_every=1, eval_every=0)
+        steps=1, checkpoint_every=1, eval_every=0)
     trainer = Trainer(cfg)
     assert trainer.eval_tasks and trainer.train_tasks
     history = trainer.run()
 
     rl_rows = [h for h in history if h["phase"] == "rl"]
-    assert [h["step"] for h in rl_rows] == [1, 2]
+    assert [h["step"] for h in rl_rows] == [1]
     for row in rl_rows:
         for key in ("reward_mean", "accuracy", "loss", "grad_norm", "flow/turn_samples",
                     "flow/dropped_over_budget", "tokens/prompt_mean", "turns_mean",
@@ -63,7 +63,7 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(history)
     # the policy's sampler follows the updates; the sub-agents' sampler stays frozen
-    assert trainer.sampler.weight_version == "2"
+    assert trainer.sampler.weight_version == "1"
     assert trainer.flow.subagent_sampler is not trainer.sampler
     assert trainer.flow.subagent_sampler.weight_version == "0"
     # reward features: dispatches per sub-agent, in the fixed role order
