@@ -110,10 +110,9 @@ def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.nd
     `row_multiple` so the jitted step sees few distinct shapes.
 
     Returns (batch for `train_step`, info): info["rollout"] [B] is q·G + g of each row's rollout
-    (-1 on padding rows), info["turn"] [B] its turn number, info["dropped"] [Q,G] the number of
-    over-budget turns per rollout."""
+    (-1 on padding rows), info["dropped"] [Q,G] the number of over-budget turns per rollout."""
     q, g = advantages_QG.shape
-    rows, rollout_of, turn_of = [], [], []
+    rows, rollout_of = [], []
     dropped = np.zeros((q, g), np.int32)
     for i, group in enumerate(groups):
         for j, r in enumerate(group):
@@ -123,7 +122,6 @@ def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.nd
                     continue
                 rows.append(s.as_trajectory(r.task_id))
                 rollout_of.append(i * g + j)
-                turn_of.append(s.turn)
     n = len(rows)
     b = max(row_multiple, -(-n // row_multiple) * row_multiple)
     packed = batching.pack(rows, pad_id=pad_id, max_len=max_turn_tokens) if rows else {}
@@ -139,9 +137,7 @@ def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.nd
     flat_A, flat_keep = advantages_QG.reshape(-1), keep_QG.reshape(-1)
     out["advantages"] = np.where(index >= 0, flat_A[index], 0.0).astype(np.float32)
     out["sample_mask"] = np.where(index >= 0, flat_keep[index], 0.0).astype(np.float32)
-    turns = np.full((b,), -1, np.int64)
-    turns[:n] = turn_of
-    return out, {"rollout": index, "turn": turns, "dropped": dropped}
+    return out, {"rollout": index, "dropped": dropped}
 
 
 def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]],
