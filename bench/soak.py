@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import pathlib
 import random
 import shutil
