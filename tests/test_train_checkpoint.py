@@ -3,7 +3,6 @@ stream's position restored exactly."""
 
 import json
 import logging
-import os
 import pathlib
 import signal
 import subprocess
