@@ -54,6 +54,11 @@ def test_sft_then_grpo_then_resume(tmp_path):
     more = train(tiny_run(tmp_path, steps=3))
     assert [h["step"] for h in more if h["phase"] == "rl"] == [3]
     assert not any(h["phase"] == "sft" for h in more)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len({(r["phase"], r["step"]) for r in rows}) == len(rows)  # no row twice
+    assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2, 3]
+    assert (tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
     # The run exports to a directory transformers loads, with the checkpoint's exact logits.
     export = runpy.run_path(str(ROOT / "scripts" / "export_hf.py"))["export"]
