@@ -79,7 +79,8 @@ class Checkpointer:
         """Start saving `state`, `meta` (JSON) and the position of grain iterator `data` at
         `step` every `every` steps (always with `force`); returns without waiting for the write.
         The device arrays are copied to host before this returns, so `state` may be donated."""
-        if step == self.latest_step or (not force and (self.every <= 0 or step % self.every)):
+        if step in (self.latest_step, self._pending) or (
+                not force and (self.every <= 0 or step % self.every)):
             return False
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
         if data is not None:
