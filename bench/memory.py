@@ -99,8 +99,13 @@ def measure(name: str, t: int, n_dev: int) -> dict[str, float]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help=f"only {QUICK}")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--seqs", default=",".join(map(str, SEQS)))
+    ap.add_argument("--devices", default=",".join(map(str, DEVICES)))
     args = ap.parse_args()
-    grid = QUICK if args.quick else [(m, t, d) for m in MODELS for t in SEQS for d in DEVICES]
+    grid = QUICK if args.quick else [(m, int(t), int(d)) for m in args.models.split(",")
+                                     for t in args.seqs.split(",")
+                                     for d in args.devices.split(",")]
     grid = [g for g in grid if g[2] <= jax.device_count()]
     header = f"{'model':<11} {'T':>6} {'dev':>3} | {'train':>7} {'ref':>7} {'prefill':>7} " \
              f"{'decode':>7}  GiB per device"
@@ -115,8 +120,8 @@ def main():
         lines.append(line)
     record("memory (compiled per-device GiB; train: 1 row x T per device per micro-step, "
            f"ref: 1 row, prefill/decode: {ROWS_SAMPLER} rows + bf16 cache of T; bf16 compute, "
-           "fp32 params + AdamW, remat full, FSDP; python bench/memory.py"
-           f"{' --quick' if args.quick else ''}):\n  " + header + "\n  "
+           "fp32 params + AdamW, remat full, FSDP; python bench/memory.py "
+           f"{' '.join(sys.argv[1:])}):\n  " + header + "\n  "
            + "\n  ".join(lines))
 
 
