@@ -11,9 +11,9 @@ Batch (all [B,T] aligned with `tokens`, position t = token t predicted from toke
 One call runs ppo_epochs × num_minibatches optimizer updates, each accumulating gradients over
 num_microbatches micro-batches whose loss weights come from the whole minibatch, so accumulation
 reproduces the big-batch gradient. Rows go to micro-batches in a fixed strided order, or in a
-fresh order every epoch with GRPOConfig.shuffle_seed. A non-finite loss or gradient keeps the old params/opt state,
-and so does a minibatch with no token left under the mask (all its samples filtered): Adam's
-momentum would otherwise keep moving the params on a zero gradient.
+fresh order every epoch with GRPOConfig.shuffle_seed. A non-finite loss or gradient keeps the
+old params/opt state, and so does a minibatch with no token left under the mask (all its samples
+filtered): Adam's momentum would otherwise keep moving the params on a zero gradient.
 """
 
 from __future__ import annotations
