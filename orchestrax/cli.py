@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _eval_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from orchestrax.rollout.serve_main import serve
+        from orchestrax.train.serve import serve
         return serve(args)
     if args.command == "train":
         from orchestrax.train.main import run

@@ -1,4 +1,6 @@
-"""Build the pieces behind `orchestrax serve` from parsed CLI arguments and run the server."""
+"""`orchestrax serve`: build the sampler, tokenizer and server state from parsed CLI arguments and
+run the server. An entry point, so it lives with the others in train/ (it needs agent/ for the
+`--tiny` tokenizer, which rollout/ must not import)."""
 
 from __future__ import annotations
 
