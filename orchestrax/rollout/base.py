@@ -14,6 +14,7 @@ from typing import Literal, Protocol, Sequence
 FinishReason = Literal["stop", "length", "abort"]
 TopLogprobs = tuple[tuple[int, float], ...]   # (token id, logprob), most likely first
 MAX_TOKEN_ID = 2**31 - 1                        # ids travel as int32
+MAX_TOP_LOGPROBS = 20                           # alternatives per position (OpenAI's cap)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

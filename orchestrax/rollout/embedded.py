@@ -23,10 +23,9 @@ import jax
 import numpy as np
 
 from orchestrax import models
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, TopLogprobs
+from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
+                                     TopLogprobs)
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
-
-MAX_TOP_LOGPROBS = 20   # OpenAI's cap on top_logprobs
 
 
 def bucket(n: int, *, lo: int, hi: int) -> int:

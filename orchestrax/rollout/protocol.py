@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from orchestrax.rollout.base import (MAX_TOKEN_ID, GenerateRequest, GenerateResult,
-                                     SamplingParams)
+from orchestrax.rollout.base import (MAX_TOKEN_ID, MAX_TOP_LOGPROBS, GenerateRequest,
+                                     GenerateResult, SamplingParams)
 from orchestrax.rollout.validate import (ProtocolError, ServeLimits, boolean, integer, number,
                                          optional, token_ids)
 
@@ -35,7 +35,6 @@ UNSUPPORTED_GENERATE_KEYS = ("image_data", "video_data", "audio_data", "input_em
                              "lora_path", "lora_id", "return_hidden_states",
                              "custom_logit_processor", "session_params")
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when the key is absent
-MAX_TOP_LOGPROBS = 20
 _GREEDY_EPS = 1e-6                   # SGLang treats temperature below this as greedy
 MAX_TEMPERATURE = 100.0
 MAX_STOP_CHARS = 1000
