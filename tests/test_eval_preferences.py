@@ -132,3 +132,60 @@ def test_tau2_env_offers_a_catalog_that_the_verdict_ignores(shared_data):
     clash = dom.tools()[0].spec.name
     with pytest.raises(ValueError, match=clash):
         Tau2Env(dom, tools={clash: SleepTool(clash)})
+
+
+@pytest.mark.slow
+def test_trainer_gives_every_instance_its_tools_sheet_and_p(tmp_path, monkeypatch):
+    """Two GRPO steps on a QA env whose tools come from TrainConfig.tools (two LLM tools on an
+    unreachable endpoint: the tiny model never calls them well anyway). Every rolled-out task
+    was prepared from Pairs_train with a training sheet and a seed that changes per step; eval
+    tasks from Pairs_eval; the reward ran with each instance's P (no outcome-only fallback)."""
+    from orchestrax import models
+    from orchestrax.data import instances
+    from orchestrax.rl import GRPOConfig, OptimizerConfig
+    from orchestrax.tools.catalog import CatalogConfig
+    from orchestrax.tools.chat_client import ChatEndpoint
+    from orchestrax.tools.llm_tool import LLMToolConfig
+    from orchestrax.train import loop
+    from orchestrax.train.config import RolloutConfig, TrainConfig
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(f'{{"id": {i}, "question": "q{i}?", "answer": "a{i}"}}\n'
+                          for i in range(16)))
+    dead = ChatEndpoint(base_url="http://127.0.0.1:9/v1", model="gpt-5-mini", max_retries=0)
+    llms = tuple(LLMToolConfig(name=n, role="generalist", chat=dead) for n in ("ask_a", "ask_b"))
+    seen = []
+
+    def spy(task, env, *, split, seed, config):
+        out = instances.prepare_instance(task, env, split=split, seed=seed, config=config)
+        seen.append((split, seed, out))
+        return out
+
+    monkeypatch.setattr(loop, "prepare_instance", spy)
+    cfg = TrainConfig(
+        name="qa-instances", out_dir=str(tmp_path / "run"),
+        model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
+                                 num_heads=2, num_kv_heads=1, head_dim=16),
+        grpo=GRPOConfig(num_minibatches=1), optim=OptimizerConfig(lr=1e-3, total_steps=10),
+        rollout=RolloutConfig(group_size=2, tasks_per_step=4, max_new_tokens=8, max_turns=1,
+                              context_tokens=1024, enable_thinking=False),
+        env="qa", env_kwargs=(("path", str(qa)), ("test_fraction", 0.25)),
+        tools=CatalogConfig(python=None, web=None, llms=llms),
+        instances=InstanceConfig(randomize=RandomizeConfig(min_tools=1)),
+        steps=2, checkpoint_every=0, eval_every=0)
+    history = loop.train(cfg)
+    assert [h["step"] for h in history if h["phase"] == "rl"] == [1, 2]
+    train_seen = [(seed, t) for split, seed, t in seen if split == "train"]
+    eval_seen = [t for split, _, t in seen if split == "eval"]
+    assert len(train_seen) == 2 * 4 and eval_seen
+    for seed, t in train_seen:
+        sheet = t.metadata["tool_config"]["sheet"]
+        assert load_sheet(sheet).split == "train"
+        assert in_pool(t.preference_instruction.replace("ask_a", "python").replace(
+            "ask_b", "python"), "train")
+        assert len(t.preference) == len(t.metadata["tool_config"]["tools"]) + 3
+    assert len({seed for seed, _ in train_seen}) == 8  # per task and per step
+    for t in eval_seen:
+        assert "tool_config" not in t.metadata
+        assert in_pool(t.preference_instruction.replace("ask_a", "python").replace(
+            "ask_b", "python"), "eval")
