@@ -17,18 +17,19 @@ COLUMNS = (("accuracy", "acc", "{:.3f}"), ("cents_per_task", "cents/task", "{:.3
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """`rows`: {"task_set", "turn_limit", summary fields...}; one line each, then calls per tool."""
-    head = f"{'task set':<16}{'turns≤':>7}" + "".join(f"{h:>12}" for _, h, _ in COLUMNS)
+    w = max([16, *(len(r["task_set"]) + 2 for r in rows)])
+    head = f"{'task set':<{w}}{'turns≤':>7}" + "".join(f"{h:>12}" for _, h, _ in COLUMNS)
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = "".join(f"{'-' if r.get(k) is None else fmt.format(r[k]):>12}"
                         for k, _, fmt in COLUMNS)
-        lines.append(f"{r['task_set']:<16}{r['turn_limit']:>7}{cells}")
+        lines.append(f"{r['task_set']:<{w}}{r['turn_limit']:>7}{cells}")
     tools = sorted({t for r in rows for t in r["calls_per_task"]})
     if tools:
         lines += ["", "calls per task, by tool (Table 15 view)",
-                  f"{'task set':<16}{'turns≤':>7}" + "".join(f"{t[:14]:>16}" for t in tools)]
+                  f"{'task set':<{w}}{'turns≤':>7}" + "".join(f"{t[:14]:>16}" for t in tools)]
         for r in rows:
-            lines.append(f"{r['task_set']:<16}{r['turn_limit']:>7}" + "".join(
+            lines.append(f"{r['task_set']:<{w}}{r['turn_limit']:>7}" + "".join(
                 f"{r['calls_per_task'].get(t, 0.0):>16.2f}" for t in tools))
     return "\n".join(lines)
 
