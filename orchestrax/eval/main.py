@@ -17,7 +17,7 @@ import dataclasses
 import datetime
 import json
 import pathlib
-from typing import Any, Sequence
+from typing import Any
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.eval import grid, report
