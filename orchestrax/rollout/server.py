@@ -1,5 +1,6 @@
 """`orchestrax serve`: the SGLang native API subset an RL trainer uses, plus an OpenAI-compatible
-`/v1/chat/completions` (wire format in openai_chat.py), backed by the embedded sampler.
+`/v1/chat/completions` (chat_route.py, wire format in openai_chat.py), backed by the embedded
+sampler.
 
 Routes and response shapes follow SGLang's entrypoints/http_server.py: `/generate`,
 `/update_weights_from_disk` -> `{success, message, num_paused_requests}`, `/model_info`
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import json
 import logging
 import os
 import time
@@ -30,81 +30,21 @@ import jax
 from aiohttp import web
 
 from orchestrax import models
-from orchestrax.rollout import openai_chat as oai
 from orchestrax.rollout.base import GenerateRequest
+from orchestrax.rollout.chat_route import chat_completions, list_models
+from orchestrax.rollout.http_io import STATE, error, merge, read_json, sse
 from orchestrax.rollout.protocol import parse_generate, result_to_json
 from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
 
 log = logging.getLogger(__name__)
-STATE = web.AppKey("state", ServerState)
 OPEN_PATHS = ("/health",)   # answered without the bearer token (load balancers probe it)
-
-
-def error(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-async def read_json(request: web.Request) -> Any:
-    """The body as JSON, read within the read timeout (a half-sent body cannot hold a
-    handler)."""
-    limits = request.app[STATE].limits
-    try:
-        raw = await asyncio.wait_for(request.read(), limits.read_timeout_s)
-    except asyncio.TimeoutError:
-        raise web.HTTPRequestTimeout(
-            text=json.dumps({"error": {"message": "request body not received within "
-                                                  f"{limits.read_timeout_s} s"}}),
-            content_type="application/json") from None
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:  # ValueError covers JSONDecodeError
-        raise ProtocolError(f"request body is not valid JSON: {e}") from None
 
 
 def _with_rid(req: GenerateRequest) -> GenerateRequest:
     # Every request gets an id so /abort_request can reach it.
     return req if req.rid else dataclasses.replace(req, rid=uuid.uuid4().hex)
 
-
-async def _sse(request: web.Request, events) -> web.StreamResponse:
-    """Server-sent events: one `data:` line per JSON event, then `data: [DONE]`."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    async for event in events:
-        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
-
-
-async def _merge(streams):
-    """Interleave several async iterators of (index, item) as items arrive."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, it):
-        try:
-            async for x in it:
-                await queue.put((i, x, None))
-        except Exception as e:  # a failed stream ends the whole response
-            await queue.put((i, None, e))
-        await queue.put((i, None, None))
-
-    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
-    try:
-        live = len(tasks)
-        while live:
-            i, x, e = await queue.get()
-            if e is not None:
-                raise e
-            if x is None:
-                live -= 1
-            else:
-                yield i, x
-    finally:
-        for t in tasks:
-            t.cancel()
 
 
 # --- /generate ------------------------------------------------------------------------------------
@@ -142,7 +82,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # SGLang's cumulative stream format: every event carries the text and ids so far.
         texts = [""] * len(items)
         streams = [stream_request(st, it.request, it.stop, it.no_stop_trim) for it in items]
-        async for i, u in _merge(streams):
+        async for i, u in merge(streams):
             it = items[i]
             texts[i] += u.text
             if u.done:
@@ -157,117 +97,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
             if call.batched:
                 event["index"] = i
             yield event
-    return await _sse(request, events())
+    return await sse(request, events())
 
 
-# --- /v1/chat/completions -------------------------------------------------------------------------
-def _end_of_turn_ids(tokenizer: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for tok in ("<|im_end|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return ids
-
-
-def _render(st: ServerState, call: oai.ChatCall) -> list[int]:
-    try:
-        ids = st.tokenizer.apply_chat_template(call.messages, tools=call.tools,
-                                               add_generation_prompt=True, tokenize=True,
-                                               chat_template=st.chat_template,
-                                               **call.template_kwargs)
-    except Exception as e:  # template errors (bad roles, bad content) are the caller's input
-        raise ProtocolError(f"messages could not be rendered by the chat template: {e}") from None
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a mapping
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    st = request.app[STATE]
-    if st.tokenizer is None:
-        return error("/v1/chat/completions needs a tokenizer; start the server with one")
-    try:
-        call = oai.parse_chat(await read_json(request), vocab_size=st.sampler.cfg.vocab_size,
-                              limits=st.limits)
-        ids = await asyncio.to_thread(_render, st, call)
-        if len(ids) >= st.sampler.max_len:
-            raise ProtocolError(f"messages render to {len(ids)} tokens; the context length is "
-                                f"{st.sampler.max_len}")
-        stops = _end_of_turn_ids(st.tokenizer)
-        sp = dataclasses.replace(call.sampling, stop_token_ids=tuple(sorted(
-            stops | set(call.sampling.stop_token_ids))))
-        reqs = [GenerateRequest(
-            input_ids=tuple(ids), rid=uuid.uuid4().hex, top_logprobs=call.top_logprobs,
-            sampling=sp if sp.sampling_seed is None or j == 0 else
-            dataclasses.replace(sp, sampling_seed=sp.sampling_seed + j)) for j in range(call.n)]
-        st.admit(reqs)
-    except ProtocolError as e:
-        return error(str(e))
-    cid, model = oai.completion_id(), st.served_model_name
-
-    def token_text(tok: int) -> str:
-        return st.tokenizer.decode([tok])
-
-    def choice(j: int, u: Update) -> dict[str, Any]:
-        content, calls = u.final_text, []
-        if call.tools is not None:
-            content, calls = oai.split_tool_calls(u.final_text, call.parallel_tool_calls)
-        lp = (oai.logprobs_json(u.output_ids, u.logprobs, u.top_logprobs, 0, call.top_logprobs,
-                                token_text) if call.logprobs else None)
-        return {"index": j, "logprobs": lp,
-                "finish_reason": oai.finish_reason(u.result, u.matched is not None, bool(calls)),
-                "message": {"role": "assistant", "content": content, "tool_calls": calls or None}}
-
-    if not call.stream:
-        done = await asyncio.gather(*(run_request(st, r, call.stop) for r in reqs))
-        return web.json_response(oai.completion_json(
-            cid, model, [choice(j, u) for j, u in enumerate(done)], len(ids),
-            sum(len(u.output_ids) for u in done)))
-
-    async def events():
-        sent = [0] * len(reqs)        # tokens already streamed per choice
-        used = [0] * len(reqs)
-        for j in range(len(reqs)):
-            yield oai.chunk_json(cid, model, [{"index": j, "delta": {"role": "assistant",
-                                                                     "content": ""},
-                                               "logprobs": None, "finish_reason": None}])
-        async for j, u in _merge([stream_request(st, r, call.stop) for r in reqs]):
-            used[j] = len(u.output_ids)
-            if u.done and call.tools is not None:
-                # Tool calls are only known once the text is complete: send it whole.
-                c = choice(j, u)
-                delta = {"content": c["message"]["content"]}
-                if c["message"]["tool_calls"]:
-                    delta["tool_calls"] = [{**tc, "index": k} for k, tc in
-                                           enumerate(c["message"]["tool_calls"])]
-                yield oai.chunk_json(cid, model, [{"index": j, "delta": delta,
-                                                   "logprobs": c["logprobs"],
-                                                   "finish_reason": c["finish_reason"]}])
-                continue
-            if call.tools is not None:
-                continue
-            lp = None
-            if call.logprobs and len(u.output_ids) > sent[j]:
-                lp = oai.logprobs_json(u.output_ids, u.logprobs, u.top_logprobs, sent[j],
-                                       call.top_logprobs, token_text)
-            sent[j] = len(u.output_ids)
-            if u.text or lp is not None or u.done:
-                yield oai.chunk_json(cid, model, [{
-                    "index": j, "delta": {"content": u.text} if u.text else {}, "logprobs": lp,
-                    "finish_reason": (oai.finish_reason(u.result, u.matched is not None, False)
-                                      if u.done else None)}])
-        if call.include_usage:
-            total = sum(used)
-            yield oai.chunk_json(cid, model, [], usage={
-                "prompt_tokens": len(ids), "completion_tokens": total,
-                "total_tokens": len(ids) + total})
-    return await _sse(request, events())
-
-
-async def list_models(request: web.Request) -> web.Response:
-    st = request.app[STATE]
-    return web.json_response({"object": "list", "data": [
-        {"id": st.served_model_name, "object": "model", "owned_by": "orchestrax",
-         "root": st.served_model_name, "max_model_len": st.sampler.max_len}]})
 
 
 # --- weights and admin ----------------------------------------------------------------------------

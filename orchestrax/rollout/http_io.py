@@ -1,0 +1,78 @@
+"""HTTP plumbing shared by the routes of `orchestrax serve`: the app's state key, error bodies,
+bounded body reads, server-sent events and interleaving of per-request streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from orchestrax.rollout.runner import ServerState
+from orchestrax.rollout.validate import ProtocolError
+
+STATE = web.AppKey("state", ServerState)
+
+
+def error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as JSON, read within the read timeout (a half-sent body cannot hold a
+    handler)."""
+    limits = request.app[STATE].limits
+    try:
+        raw = await asyncio.wait_for(request.read(), limits.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=json.dumps({"error": {"message": "request body not received within "
+                                                  f"{limits.read_timeout_s} s"}}),
+            content_type="application/json") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:  # ValueError covers JSONDecodeError
+        raise ProtocolError(f"request body is not valid JSON: {e}") from None
+
+
+
+async def sse(request: web.Request, events) -> web.StreamResponse:
+    """Server-sent events: one `data:` line per JSON event, then `data: [DONE]`."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    async for event in events:
+        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def merge(streams):
+    """Interleave several async iterators of (index, item) as items arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, it):
+        try:
+            async for x in it:
+                await queue.put((i, x, None))
+        except Exception as e:  # a failed stream ends the whole response
+            await queue.put((i, None, e))
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, x, e = await queue.get()
+            if e is not None:
+                raise e
+            if x is None:
+                live -= 1
+            else:
+                yield i, x
+    finally:
+        for t in tasks:
+            t.cancel()
+
