@@ -44,7 +44,23 @@ def config() -> TrainConfig:
 
 
 def config_embedded() -> TrainConfig:
-    """Same run with the built-in JAX sampler instead of SGLang (one process, all 8 GPUs)."""
+    """Same run with the built-in JAX sampler instead of SGLang (one process, all 8 GPUs).
+
+    Sized by bench/memory.py: the train step at T=24k on 8 devices needs ~56 GiB per GPU
+    (16.4 of it fp32 params + AdamW), and a 24k-slot bf16 KV cache row of Qwen3-8B is 3.5 GB,
+    so 32 rows (14 GB per GPU) fit next to it on 80 GB cards; 128 would need 57 GB per GPU."""
     c = config()
     return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
-                                                 sampler_max_batch=128))
+                                                 sampler_max_batch=32))
+
+
+def config_one_h200() -> TrainConfig:
+    """One H200 (141 GB): Qwen3-4B with the embedded sampler. Qwen3-8B does not fit one card:
+    its fp32 params + AdamW moments alone are 131 GB (bench/memory.py: 171 GiB for the step).
+    Qwen3-4B at T=24k: ~95 GiB for the step, plus 8 cache rows of 3.5 GB; run with
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (XLA takes 75% of the card by default)."""
+    c = config_embedded()
+    return c.replace(name="qwen3-4b-toolorchestra-h200", hf_path="/models/Qwen3-4B",
+                     tokenizer="/models/Qwen3-4B", out_dir="runs/qwen3-4b",
+                     mesh=MeshConfig(axes=(("data", 1), ("fsdp", 1), ("tensor", 1))),
+                     rollout=dataclasses.replace(c.rollout, sampler_max_batch=8))
