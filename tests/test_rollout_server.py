@@ -27,7 +27,9 @@ def params(seed):
 
 
 async def serving(fn, **state_kw):
-    sampler = EmbeddedSampler(CFG, params(0), max_batch=8, max_len=96, min_bucket=32)
+    # Small decode chunks, so streamed answers arrive in several pieces.
+    sampler = EmbeddedSampler(CFG, params(0), max_batch=8, max_len=96, min_bucket=32,
+                              chunk_tokens=4)
     state = ServerState(sampler=sampler, model_path="tiny", tokenizer=TOK, **state_kw)
     runner = await start(state, port=0)
     url = f"http://127.0.0.1:{bound_port(runner)}"
@@ -226,3 +228,33 @@ def test_protocol_round_trip_and_errors():
     reqs = [it.request for it in call.items(call.prompts)]
     assert [r.rid for r in reqs] == ["x-0-0", "x-0-1", "x-1-0", "x-1-1"]
     assert call.batched and [r.input_ids for r in reqs] == [(1, 2)] * 2 + [(3,)] * 2
+
+
+def test_chat_stream_with_stop_and_logprobs_equals_the_whole_answer():
+    body = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 14,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+
+    async def fn(http, url, sampler):
+        async with http.post(f"{url}/v1/chat/completions", json=body) as r:
+            free = await r.json()
+        text = free["choices"][0]["message"]["content"]
+        stop = text[3:5]
+        async with http.post(f"{url}/v1/chat/completions", json=body | {"stop": stop}) as r:
+            whole = await r.json()
+        async with http.post(f"{url}/v1/chat/completions",
+                             json=body | {"stop": stop, "stream": True,
+                                          "stream_options": {"include_usage": True}}) as r:
+            events = [json.loads(line[len("data: "):]) for line in (await r.text()).split("\n\n")
+                      if line.startswith("data: {")]
+        return text, stop, whole, events
+
+    text, stop, whole, events = run(fn, chat_template=qwen3_chat_template())
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == \
+        text[:text.index(stop)]
+    deltas = [e["choices"][0] for e in events if e["choices"]]
+    assert "".join(d["delta"].get("content", "") for d in deltas) == choice["message"]["content"]
+    streamed_lp = [t for d in deltas if d["logprobs"] for t in d["logprobs"]["content"]]
+    assert streamed_lp == choice["logprobs"]["content"]
+    assert len(streamed_lp) == whole["usage"]["completion_tokens"]
+    assert events[-1]["usage"] == whole["usage"]

@@ -103,10 +103,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if call.tools is not None:
                 continue
             lp = None
-            if call.logprobs and len(u.output_ids) > sent[j]:
+            # With stop strings, tokens are final only when the request ends (a stop string
+            # can cut tokens already decoded), so their logprobs wait until then.
+            if call.logprobs and len(u.output_ids) > sent[j] and (u.done or not call.stop):
                 lp = oai.logprobs_json(u.output_ids, u.logprobs, u.top_logprobs, sent[j],
                                        call.top_logprobs, token_text)
-            sent[j] = len(u.output_ids)
+            if lp is not None:
+                sent[j] = len(u.output_ids)
             if u.text or lp is not None or u.done:
                 yield oai.chunk_json(cid, model, [{
                     "index": j, "delta": {"content": u.text} if u.text else {}, "logprobs": lp,
