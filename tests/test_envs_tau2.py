@@ -59,8 +59,8 @@ def test_load_domain_shapes(dom):
 
 
 def test_load_domain_rejects_unknown_folder(tmp_path):
-    with pytest.raises(ValueError, match="allowed: \\['airline', 'retail'\\]"):
-        tau2.load_domain(tmp_path / "telecom")
+    with pytest.raises(ValueError, match="allowed: \\['airline', 'retail', 'telecom'\\]"):
+        tau2.load_domain(tmp_path / "banking")
 
 
 def test_gold_replay_every_task(dom):

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from orchestrax.envs.tau2 import airline, retail
 from orchestrax.envs.tau2.db import DomainDB, Rejected
 from orchestrax.envs.tau2.functions import DomainFunction
+from orchestrax.envs.tau2.telecom import TelecomDomain, load_telecom
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.schema import ArgumentError, check_arguments
 
@@ -131,13 +132,17 @@ def _read_db(path: pathlib.Path, name: str) -> dict:
                          f"({type(e).__name__}: {e})") from None
 
 
-def load_domain(path: str | pathlib.Path) -> Tau2Domain:
+def load_domain(path: str | pathlib.Path) -> Tau2Domain | TelecomDomain:
     """Load `<path>/{db.json,tasks.json,policy.md[,split_tasks.json]}`; the domain's name is
-    the folder name (retail or airline)."""
+    the folder name (retail or airline). A folder named telecom loads the dual-control domain
+    (`telecom.load_telecom`: TOML DBs for the agent and the user's phone)."""
     root = pathlib.Path(path)
     name = root.resolve().name
+    if name == "telecom":
+        return load_telecom(root)
     if name not in _DOMAINS:
-        raise ValueError(f"tau2 domain folder {root} is named {name!r}; allowed: {sorted(_DOMAINS)}")
+        raise ValueError(f"tau2 domain folder {root} is named {name!r}; allowed: "
+                         f"{sorted([*_DOMAINS, 'telecom'])}")
     for required in ("db.json", "tasks.json", "policy.md"):
         if not (root / required).is_file():
             raise FileNotFoundError(f"tau2 domain {root} lacks {required}")
