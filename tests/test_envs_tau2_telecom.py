@@ -3,6 +3,7 @@ behaviours, the sync of the two sides, and parity with the published package whe
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 
@@ -10,6 +11,8 @@ import pytest
 
 from orchestrax.envs import tau2
 from orchestrax.envs.tau2.telecom import TelecomDomain, compare_action, gold_actions, sync
+from orchestrax.envs.tau2.telecom_episode import TelecomEpisode
+from orchestrax.tools.base import ToolError
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +57,13 @@ def test_reward_zero_without_the_fix_or_without_a_gold_action(dom):
                                                for a in gold_actions(t)))
     assert dom.reward(roaming, []) == 0.0
     action_task = next(t for t in dom.tasks if "ACTION" in t["evaluation_criteria"]["reward_basis"])
-    gold = gold_actions(action_task)
-    assert dom.reward(action_task, gold) == 1.0
-    # the same state reached but one gold action never called: the action check fails
-    assert dom.reward(action_task, gold[:-1]) == 0.0 or gold[-1]["name"] == "transfer_to_human_agents"
+    # a locked SIM: the assertion (no service) holds untouched; only the transfer is missing
+    assert [a["name"] for a in gold_actions(action_task)] == ["transfer_to_human_agents"]
+    assert dom.replay_task(action_task).assertions == [True]
+    assert dom.reward(action_task, []) == 0.0
+    # compare_args is []: any summary counts
+    assert dom.reward(action_task, [{"requestor": "assistant", "name": "transfer_to_human_agents",
+                                     "arguments": {"summary": "anything"}}]) == 1.0
 
 
 def test_compare_args_semantics():
@@ -224,3 +230,27 @@ def test_matches_tau2_reference(dom):
         assert env.user_tools.db.model_dump(mode="json") == ours.user_db, raw["id"]
         assert [env.run_env_assertion(a, raise_assertion_error=False)
                 for a in task.evaluation_criteria.env_assertions or []] == ours.assertions, raw["id"]
+
+
+def test_episode_tools_share_one_state_and_score_the_gold_path(dom):
+    """Both sides' tools of one episode act on one state; the reward replays their calls."""
+    task = next(t for t in dom.tasks if any(a["name"] == "make_payment" for a in gold_actions(t)))
+    ep = TelecomEpisode(dom, task)
+    tools = {("assistant", t.spec.name): t for t in ep.agent_tools()}
+    tools |= {("user", t.spec.name): t for t in ep.user_tools()}
+    assert len(tools) == 43 and all(t.spec.category == "domain" for t in tools.values())
+    assert ep.reward() == 0.0  # nothing done yet
+
+    async def play():
+        for a in gold_actions(task):
+            await tools[(a["requestor"], a["name"])](a["arguments"])
+        with pytest.raises(ToolError, match="gb_amount"):
+            await tools[("assistant", "refuel_data")]({"customer_id": "C1001", "line_id": "L1002"})
+
+    asyncio.run(play())
+    assert ep.state.surroundings["payment_request"] is None  # paid through the user's tool
+    assert [c["requestor"] for c in ep.calls][:len(gold_actions(task))] == \
+        [a["requestor"] for a in gold_actions(task)]
+    assert ep.reward() == 1.0  # the refused call changed nothing
+    other = TelecomEpisode(dom, task)
+    assert other.state.surroundings["line_active"] is False  # a second episode starts fresh
