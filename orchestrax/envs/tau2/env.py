@@ -43,6 +43,12 @@ class Tau2Env(Environment):
                  user_endpoint: ChatEndpoint | None = None, completeness: bool = True,
                  tools: Mapping[str, Tool] | None = None):
         self.domain = domain if isinstance(domain, Tau2Domain) else load_domain(domain)
+        # --- telecom (owner: telecom engineer) ---
+        if not isinstance(self.domain, Tau2Domain):
+            raise NotImplementedError(
+                "Tau2Env does not run tau2 telecom episodes yet: its user simulator needs phone "
+                "tools. Use tau2.TelecomEpisode (both sides' tools on one state, reward()) directly")
+        # --- end telecom ---
         self.catalog: dict[str, Tool] = dict(tools or {})
         clash = sorted(set(self.catalog) & {t.spec.name for t in self.domain.tools()})
         if clash:
