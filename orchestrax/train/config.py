@@ -15,7 +15,7 @@ import jax
 from orchestrax.models import ModelConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
-from orchestrax.train.flow import AgentConfig  # sub-agent mode (issue 12)
+from orchestrax.train.agent_config import AgentConfig  # sub-agent mode (issue 12)
 from orchestrax.data.instances import InstanceConfig  # per-instance tools, pricing, P (issue 10)
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train.validate import check_fields
