@@ -254,3 +254,24 @@ def test_episode_tools_share_one_state_and_score_the_gold_path(dom):
     assert ep.reward() == 1.0  # the refused call changed nothing
     other = TelecomEpisode(dom, task)
     assert other.state.surroundings["line_active"] is False  # a second episode starts fresh
+
+
+def test_tau2env_refuses_telecom_clearly(dom):
+    with pytest.raises(NotImplementedError, match="TelecomEpisode"):
+        tau2.Tau2Env(dom)
+
+
+def test_load_errors_name_the_file(tmp_path, shared_data):
+    root = tmp_path / "telecom"
+    root.mkdir()
+    with pytest.raises(FileNotFoundError, match="lacks db.toml"):
+        tau2.load_domain(root)
+    src = shared_data / "tau2" / "telecom"
+    for name in ("user_db.toml", "tasks.json", "main_policy.md", "tech_support_manual.md"):
+        (root / name).write_text((src / name).read_text())
+    (root / "db.toml").write_text('[[lines]]\nline_id = "L1"\n')
+    with pytest.raises(ValueError, match=r"lines\[0\] lacks required fields \['phone_number', 'plan_id'\]"):
+        tau2.load_domain(root)
+    (root / "db.toml").write_text('[[phones]]\nx = 1\n')
+    with pytest.raises(ValueError, match="unknown tables \\['phones'\\]"):
+        tau2.load_domain(root)

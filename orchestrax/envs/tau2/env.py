@@ -42,8 +42,8 @@ class Tau2Env(Environment):
     def __init__(self, domain: Tau2Domain | str | pathlib.Path, *,
                  user_endpoint: ChatEndpoint | None = None, completeness: bool = True,
                  tools: Mapping[str, Tool] | None = None):
-        self.domain = domain if isinstance(domain, Tau2Domain) else load_domain(domain)
         # --- telecom (owner: telecom engineer) ---
+        self.domain = load_domain(domain) if isinstance(domain, (str, pathlib.Path)) else domain
         if not isinstance(self.domain, Tau2Domain):
             raise NotImplementedError(
                 "Tau2Env does not run tau2 telecom episodes yet: its user simulator needs phone "
