@@ -13,7 +13,8 @@ from orchestrax.agent.subagent import FileReadTool, OrchestratorConfig, build_su
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.rl import GRPOConfig
-from orchestrax.train.flow import AgentConfig, flow_batch, preferences
+from orchestrax.train.agent_config import AgentConfig
+from orchestrax.train.flow import flow_batch, preferences
 
 NAMES = ["web_searcher", "coder", "file_inspector"]
 DISPATCH = ('<tool_call>\n{"name": "file_inspector", "arguments": {"task": "Read a.txt"}}\n'

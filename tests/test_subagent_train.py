@@ -11,7 +11,7 @@ import pytest
 from orchestrax import models
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.config import RolloutConfig, TrainConfig
-from orchestrax.train.flow import AgentConfig
+from orchestrax.train.agent_config import AgentConfig
 from orchestrax.train.loop import Trainer
 
 QUESTIONS = [("q1", "What is the capital of France?", "Paris"),

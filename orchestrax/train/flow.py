@@ -14,68 +14,43 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
 from orchestrax import rl
-from orchestrax.agent.subagent import (ROLES, THINKING, OrchestratorConfig, SubAgentConfig,
+from orchestrax.agent.subagent import (ROLES, OrchestratorConfig, SubAgentConfig,
                                        SubagentRollout, build_subagents, holdable, run_query,
                                        thinking_flags)
 from orchestrax.data.records import Task
 from orchestrax.train import batching
+from orchestrax.train.agent_config import AgentConfig
 
 if TYPE_CHECKING:
     from orchestrax.train.config import TrainConfig
 
-MODES = ("direct", "subagent")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AgentConfig:
-    """How episodes are played. "direct": one agent holds every tool (agent/episode.py);
-    "subagent": the orchestrator + sub-agents system, trained with Flow-GRPO."""
-
-    mode: str = "direct"
-    thinking: str = "orchestrator"          # none | subagents | orchestrator | all
-    memory: bool = True                     # False: the memory ablation (history replay)
-    exclude: tuple[str, ...] = ()           # sub-agents left out (the component ablation)
-    orchestrator_turns: int = 8
-    orchestrator_new_tokens: int = 512
-    subagent_steps: int = 3
-    subagent_new_tokens: int = 256
-    subagent_urls: tuple[str, ...] = ()     # SGLang servers of the (frozen) sub-agent model;
-                                            # () = a frozen embedded copy of the starting weights
-    sandbox: str | None = "bwrap"           # the Coder's python tool; None: no Coder
-    search_corpus: str | None = None        # BM25 corpus of the Web Searcher; None: no searcher
-    train_turn_tokens: int | None = None    # longer turns are dropped (None: context_tokens)
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"AgentConfig.mode={self.mode!r}; allowed: {MODES}")
-        if self.thinking not in THINKING:
-            raise ValueError(f"AgentConfig.thinking={self.thinking!r}; allowed: {THINKING}")
-        bad = sorted(set(self.exclude) - set(ROLES))
-        if bad:
-            raise ValueError(f"AgentConfig.exclude={bad}; allowed: {sorted(ROLES)}")
-        for name in ("orchestrator_turns", "orchestrator_new_tokens", "subagent_steps",
-                     "subagent_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"AgentConfig.{name}={getattr(self, name)}; must be >= 1")
-        if self.train_turn_tokens is not None and self.train_turn_tokens < 2:
-            raise ValueError(f"AgentConfig.train_turn_tokens={self.train_turn_tokens}; must be "
-                             ">= 2 or None")
-
 
 # --- reward and batch (pure, numpy) ---------------------------------------------------------
-def dispatch_features(groups: Sequence[Sequence[SubagentRollout]], agent_names: Sequence[str]
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dispatch counts [Q,G,N], cost [Q,G] dollars, latency [Q,G] seconds)."""
-    counts = np.array([[[r.account.dispatches.get(n, 0) for n in agent_names] for r in group]
-                       for group in groups], np.float32).reshape(len(groups), -1, len(agent_names))
-    cost = np.array([[r.cost for r in group] for group in groups], np.float32)
-    latency = np.array([[r.latency for r in group] for group in groups], np.float32)
-    return counts, cost, latency
+class _Dispatch(NamedTuple):
+    name: str                    # the sub-agent dispatched
+
+
+class _AsScored(NamedTuple):
+    """A rollout as `rl.score_groups` reads a trajectory: its "tool calls" are the
+    orchestrator's dispatches, named by sub-agent (the sub-agents' own tool calls are not the
+    orchestrator's actions and are not counted)."""
+
+    tool_calls: list[_Dispatch]
+    cost: float
+    latency: float
+    format_errors: int
+    final_answer: str | None
+    generation_s: float = 0.0    # account.latency_s already covers the orchestrator's own clock
+
+
+def _as_scored(r: SubagentRollout) -> _AsScored:
+    calls = [_Dispatch(name) for name, k in r.account.dispatches.items() for _ in range(k)]
+    return _AsScored(calls, r.cost, r.latency, r.format_errors, r.final_answer)
 
 
 def preferences(tasks: Sequence[Task], agent_names: Sequence[str],
@@ -145,36 +120,31 @@ def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]
                pad_id: int, max_turn_tokens: int, row_multiple: int,
                tool_names: Sequence[Sequence[str]] | None = None
                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The ToolOrchestra reward, filters and group advantages over [Q,G] rollouts, then the
+    """The ToolOrchestra reward, filters and group advantages over [Q,G] rollouts (the direct
+    loop's `rl.score_groups`, with dispatches per sub-agent as the tool calls), then the
     per-turn batch. `tool_names`: each task's own tools, the order its P uses (see
     `preferences`). Returns (batch, stats)."""
-    counts, cost, latency = dispatch_features(groups, agent_names)
-    fmt = np.array([[r.format_errors for r in gr] for gr in groups], np.int32)
-    answered = np.array([[r.final_answer is not None for r in gr] for gr in groups])
-    valid = (fmt == 0) & answered
-    R = rl.toolorchestra_reward(counts, outcome_QG, cost, latency,
-                                preferences(tasks, agent_names, tool_names),
-                                scope=grpo.reward_scope, valid=valid)
-    keep, counters = rl.sample_mask(R, format_errors=fmt, has_answer=answered,
-                                    min_std=grpo.min_group_std)
-    A = rl.compute_advantages(R, grpo.adv_estimator, eps=grpo.adv_eps, ddof=grpo.adv_ddof,
-                              clip=grpo.adv_clip, mask=valid)
-    batch, info = turn_batch(groups, np.asarray(A), np.asarray(keep), pad_id=pad_id,
+    scores = rl.score_groups([[_as_scored(r) for r in gr] for gr in groups], outcome_QG,
+                             [list(agent_names)] * len(groups),
+                             list(preferences(tasks, agent_names, tool_names)), grpo)
+    batch, info = turn_batch(groups, scores.advantages_QG, scores.keep_QG, pad_id=pad_id,
                              max_turn_tokens=max_turn_tokens, row_multiple=row_multiple)
+    f = scores.features
     flat = [r for gr in groups for r in gr]
     acc = [r.account for r in flat]
-    stats = {"reward_mean": float(np.mean(R)), "accuracy": float(np.mean(outcome_QG)),
-             "cost_mean": float(cost.mean()), "latency_mean": float(latency.mean()),
-             "format_error_rate": float((fmt > 0).mean()),
+    stats = {"reward_mean": float(scores.reward_QG.mean()),
+             "accuracy": float(np.mean(outcome_QG)),
+             "cost_mean": float(f.cost_QG.mean()), "latency_mean": float(f.latency_QG.mean()),
+             "format_error_rate": float((scores.format_errors_QG > 0).mean()),
              "turns_mean": float(np.mean([a.turns for a in acc])),
              "flow/turn_samples": float((info["rollout"] >= 0).sum()),
              "flow/dropped_over_budget": float(info["dropped"].sum()),
              "tokens/prompt_mean": float(np.mean([a.prompt_tokens for a in acc])),
              "tokens/completion_mean": float(np.mean([a.completion_tokens for a in acc])),
              "tool_calls_mean": float(np.mean([len(a.tool_calls) for a in acc]))}
-    stats |= {f"dispatches/{n}": float(counts[..., k].mean()) for k, n in enumerate(agent_names)}
-    stats |= {k: float(np.asarray(v)) for k, v in counters.items()}
-    return batch, stats
+    stats |= {f"dispatches/{n}": float(f.counts_QGN[..., k].mean())
+              for k, n in enumerate(f.tool_names)}
+    return batch, stats | scores.counters
 
 
 # --- rollouts in the trainer -------------------------------------------------------------------
