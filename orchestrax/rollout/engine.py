@@ -1,0 +1,457 @@
+"""A continuously batching sampler engine over a slot KV cache.
+
+Letters: R slots (rows of the running batch), S cache positions per slot, C prefill chunk,
+N decode steps per dispatch, K top logprobs, V vocabulary, L layers, H head dim.
+
+The engine owns `max_batch` slots. Each slot is one row of a KV cache [L, R, S, K, H] with its
+own write index and valid mask, so rows of very different lengths share one decode step:
+- a queued request takes a free slot between decode steps; its prompt is prefilled into that
+  slot in chunks of at most `prefill_chunk` tokens, one chunk per engine step, so a long prompt
+  does not stall the rows that are decoding;
+- a row that stops (stop id, token budget, abort) frees its slot at the end of that step and
+  the next queued request takes it; no row waits for the longest row of its batch.
+
+Why slots rather than paged blocks: a slot row is one dynamic-index update per step and needs
+no block table or gather kernel, and the per-row valid mask already confines attention to the
+row's filled positions. Its cost is memory: every slot reserves `max_len` positions. Paged
+blocks would share that memory between short and long rows; left for when memory, not
+bandwidth, is what limits the slot count.
+
+The model is reused unchanged: one row's `models.forward_with_cache` (batch 1, scalar index)
+is vmapped over the slot axis, so each row writes at its own index and positions continue from
+its own count of real tokens. Exactly two jitted functions run: `_prefill_chunk` (one compile
+per chunk-size bucket) and `_decode` (one compile per engine: S = `max_len`), asserted by
+tests with `chex.assert_max_traces`.
+
+Sampling follows `rollout.sampling` (temperature, top-k/top-p, penalties), with one difference
+that matters here: the draw for a row's j-th output token uses key fold_in(key(seed), j), j
+counted per row, so a request's tokens do not depend on when it joined or who shares its steps
+(the static path `rollout.decode` uses the same keys). Logprobs are log_softmax(logits / T)
+over the full vocabulary at the chosen id; greedy rows report T = 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from orchestrax import models
+from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
+                                     TopLogprobs)
+from orchestrax.rollout.sampling import apply_penalties, filter_top_k_top_p
+
+MAX_STOP_IDS = 64   # stop ids per request (the server's ServeLimits.max_stop)
+
+
+class SlotState(NamedTuple):
+    """Everything on the device, one row per slot; donated to each jitted step."""
+    k: jax.Array               # [L, R, S, K, H] compute dtype
+    v: jax.Array
+    mask_RS: jax.Array         # bool: position holds a real token of the row
+    index_R: jax.Array         # int32: next position to write
+    token_R: jax.Array         # int32: last sampled token, recorded, not yet fed to the model
+    length_R: jax.Array        # int32: tokens recorded so far (the stop token included)
+    live_R: jax.Array          # bool: decoding (prefilled and not finished)
+    counts_RV: jax.Array       # int32 generated-token counts, for the penalties
+    temperature_R: jax.Array   # float32; 0 = greedy
+    top_k_R: jax.Array         # int32; <= 0 = no top-k
+    top_p_R: jax.Array         # float32
+    seed_R: jax.Array          # uint32
+    max_new_R: jax.Array       # int32 token budget
+    stop_RX: jax.Array         # int32 stop ids, padded with -1 (X = MAX_STOP_IDS)
+    presence_R: jax.Array      # float32
+    frequency_R: jax.Array     # float32
+
+
+class Steps(NamedTuple):
+    """What one `_decode` dispatch recorded; entry [r, i] is real where valid_RN[r, i]."""
+    tokens_RN: jax.Array
+    logprobs_RN: jax.Array
+    valid_RN: jax.Array
+    stopped_RN: jax.Array      # the token at [r, i] is a stop id
+    top_ids_RNK: jax.Array
+    top_lp_RNK: jax.Array
+
+
+def init_state(cfg: models.ModelConfig, slots: int, max_len: int) -> SlotState:
+    shape = (cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(cfg.dtype)
+    # Fresh buffers per field: the state is donated, and a buffer may be donated only once.
+    zi = lambda: jnp.zeros((slots,), jnp.int32)
+    zf = lambda: jnp.zeros((slots,), jnp.float32)
+    return SlotState(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+                     mask_RS=jnp.zeros((slots, max_len), jnp.bool_), index_R=zi(), token_R=zi(),
+                     length_R=zi(), live_R=jnp.zeros((slots,), jnp.bool_),
+                     counts_RV=jnp.zeros((slots, cfg.vocab_size), jnp.int32),
+                     temperature_R=zf(), top_k_R=zi(), top_p_R=jnp.ones((slots,), jnp.float32),
+                     seed_R=jnp.zeros((slots,), jnp.uint32), max_new_R=zi(),
+                     stop_RX=jnp.full((slots, MAX_STOP_IDS), -1, jnp.int32), presence_R=zf(),
+                     frequency_R=zf())
+
+
+# --- device functions -------------------------------------------------------------------------
+def _row_forward(cfg, params, ids_T, valid_T, k_LSKH, v_LSKH, mask_S, index):
+    """One slot's `forward_with_cache` (batch 1); vmapped over slots by `_decode`."""
+    cache = {"k": k_LSKH[:, None], "v": v_LSKH[:, None], "mask": mask_S[None], "index": index}
+    logits_11V, cache = models.forward_with_cache(cfg, params, ids_T[None], valid_T[None], cache,
+                                                  last_only=True)
+    return logits_11V[0, 0], cache["k"][:, 0], cache["v"][:, 0], cache["mask"][0], cache["index"]
+
+
+def _sample(logits_RV, s: SlotState, step_R, n_top: int):
+    """Per-row sampling at per-row step indices -> (token, logprob, top ids, top logprobs)."""
+    logits_RV = apply_penalties(logits_RV.astype(jnp.float32), s.counts_RV, s.presence_R,
+                                s.frequency_R)
+    greedy_R = s.temperature_R <= 0
+    t_R = jnp.where(greedy_R, 1.0, s.temperature_R)
+    scaled_RV = logits_RV / t_R[:, None]
+    logp_RV = jax.nn.log_softmax(scaled_RV, axis=-1)
+    v = logits_RV.shape[-1]
+    needs_filter = jnp.any(((s.top_k_R > 0) & (s.top_k_R < v)) | (s.top_p_R < 1.0))
+    filtered_RV = jax.lax.cond(needs_filter, filter_top_k_top_p, lambda x, *_: x,
+                               scaled_RV, s.top_k_R, s.top_p_R)
+    keys = jax.vmap(lambda seed, j: jax.random.fold_in(jax.random.key(seed), j))(s.seed_R, step_R)
+    gumbel_RV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys)
+    sampled_R = jnp.argmax(filtered_RV + gumbel_RV, axis=-1)
+    token_R = jnp.where(greedy_R, jnp.argmax(logits_RV, axis=-1), sampled_R).astype(jnp.int32)
+    logprob_R = jnp.take_along_axis(logp_RV, token_R[:, None], axis=-1)[:, 0]
+    if n_top:
+        top_lp, top_ids = jax.lax.top_k(logp_RV, n_top)
+    else:
+        top_lp = jnp.zeros((token_R.shape[0], 0), jnp.float32)
+        top_ids = jnp.zeros((token_R.shape[0], 0), jnp.int32)
+    return token_R, logprob_R, top_ids.astype(jnp.int32), top_lp
+
+
+def _take_row(s: SlotState, slot) -> SlotState:
+    """Row `slot` of every per-row field (keeping a leading axis of 1), for one-row sampling."""
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0),
+                        s._replace(k=None, v=None))
+
+
+def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot: jax.Array,
+                   ids_C: jax.Array, valid_C: jax.Array, first: jax.Array, last: jax.Array,
+                   settings: SlotState, *, n_top: int):
+    """Write one prompt chunk into `slot`; `first` resets the row (and installs `settings`, a
+    one-row SlotState of sampling fields), `last` samples the row's first token and makes it
+    live. Returns (state, token, logprob, top ids [K], top logprobs [K], done)."""
+    k_LSKH = jax.lax.dynamic_index_in_dim(s.k, slot, axis=1, keepdims=False)
+    v_LSKH = jax.lax.dynamic_index_in_dim(s.v, slot, axis=1, keepdims=False)
+    mask_S = jnp.where(first, False, s.mask_RS[slot])
+    index = jnp.where(first, 0, s.index_R[slot])
+    logits_V, k_LSKH, v_LSKH, mask_S, index = _row_forward(cfg, params, ids_C, valid_C, k_LSKH,
+                                                           v_LSKH, mask_S, index)
+    put = lambda full, row: jnp.where(first, full.at[slot].set(row[0]), full)
+    s = s._replace(**{f: put(getattr(s, f), getattr(settings, f)) for f in (
+        "temperature_R", "top_k_R", "top_p_R", "seed_R", "max_new_R", "stop_RX", "presence_R",
+        "frequency_R")})
+    s = s._replace(counts_RV=jnp.where(first, s.counts_RV.at[slot].set(0), s.counts_RV))
+    row = _take_row(s, slot)
+    token, logprob, top_ids, top_lp = _sample(logits_V[None], row, jnp.zeros((1,), jnp.int32),
+                                              n_top)
+    token, logprob = token[0], logprob[0]
+    done = jnp.any(token == row.stop_RX[0]) | (row.max_new_R[0] <= 1)
+    s = s._replace(
+        k=jax.lax.dynamic_update_index_in_dim(s.k, k_LSKH, slot, axis=1),
+        v=jax.lax.dynamic_update_index_in_dim(s.v, v_LSKH, slot, axis=1),
+        mask_RS=s.mask_RS.at[slot].set(mask_S), index_R=s.index_R.at[slot].set(index),
+        token_R=s.token_R.at[slot].set(jnp.where(last, token, s.token_R[slot])),
+        length_R=s.length_R.at[slot].set(jnp.where(last, 1, 0)),
+        live_R=s.live_R.at[slot].set(last & ~done),
+        counts_RV=jnp.where(last, s.counts_RV.at[slot, token].add(1), s.counts_RV))
+    return s, token, logprob, top_ids[0], top_lp[0], done
+
+
+def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax.Array, *,
+            n_steps: int, n_top: int) -> tuple[SlotState, Steps]:
+    """`n_steps` decode steps for every live row; rows with keep_R False (aborted) stop first.
+    Each step feeds a row's last token at the row's own index and samples the next one."""
+    r = s.token_R.shape[0]
+    s = s._replace(live_R=s.live_R & keep_R)
+    rows_forward = jax.vmap(functools.partial(_row_forward, cfg, params),
+                            in_axes=(0, 0, 1, 1, 0, 0), out_axes=(0, 1, 1, 0, 0))
+    one_R1 = jnp.ones((r, 1), jnp.bool_)
+
+    def step(s: SlotState, _):
+        live_R = s.live_R
+        logits_RV, k, v, mask_RS, index_R = rows_forward(s.token_R[:, None], one_R1, s.k, s.v,
+                                                         s.mask_RS, s.index_R)
+        token_R, logprob_R, top_ids, top_lp = _sample(logits_RV, s, s.length_R, n_top)
+        stop_R = jnp.any(token_R[:, None] == s.stop_RX, axis=-1)
+        length_R = s.length_R + live_R
+        done_R = stop_R | (length_R >= s.max_new_R)
+        s = s._replace(
+            # Rows that are not decoding (free, or mid-prefill) keep their mask and index: the
+            # token written at their index is garbage that their next prefill chunk overwrites.
+            k=k, v=v, mask_RS=jnp.where(live_R[:, None], mask_RS, s.mask_RS),
+            index_R=jnp.where(live_R, index_R, s.index_R),
+            token_R=jnp.where(live_R, token_R, s.token_R), length_R=length_R,
+            live_R=live_R & ~done_R,
+            counts_RV=s.counts_RV.at[jnp.arange(r), token_R].add(live_R.astype(jnp.int32)))
+        return s, Steps(token_R, logprob_R, live_R, stop_R & live_R, top_ids, top_lp)
+
+    s, out = jax.lax.scan(step, s, None, length=n_steps)
+    # scan stacks along a leading N axis: [N, R, ...] -> [R, N, ...]
+    return s, Steps(*(jnp.swapaxes(x, 0, 1) for x in out))
+
+
+def _jit(impl, static):
+    """The engine's jit of `impl` (a function, so tests can count traces of a wrapped impl)."""
+    return jax.jit(impl, static_argnames=static, donate_argnames=("s",))
+
+
+_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top"))
+_decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top"))
+
+
+# --- host side --------------------------------------------------------------------------------
+def bucket(n: int, *, lo: int, hi: int) -> int:
+    """Smallest power of two >= n (at least `lo`), capped at `hi`."""
+    b = lo
+    while b < n:
+        b *= 2
+    return min(b, hi)
+
+
+StreamHook = Callable[[str, tuple[int, ...], tuple[float, ...], "GenerateResult | None"], None]
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    request: GenerateRequest
+    rid: str
+    seed: int
+    max_new: int
+    on_tokens: StreamHook | None
+    padded_ids: np.ndarray = None        # left-padded to a multiple of the chunk size
+    padded_valid: np.ndarray = None
+    chunk: int = 0
+    next_chunk: int = 0
+    slot: int = -1
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    top: list[TopLogprobs] = dataclasses.field(default_factory=list)
+    result: GenerateResult | None = None
+
+
+class ContinuousEngine:
+    """Continuous batching over `max_batch` slots of `max_len` positions.
+
+    Synchronous and single-threaded: `submit` queues, `step` admits queued requests into free
+    slots, runs one prefill chunk per prefilling slot and one decode dispatch (`decode_steps`
+    steps), and returns the requests that finished; `run` steps until idle. An async server
+    drives `step` from its own loop. `on_tokens(rid, new_ids, new_logprobs, result)` is called
+    with each request's new tokens after every step; `result` is set on its last call.
+    """
+
+    def __init__(self, cfg: models.ModelConfig, params: Any, *, max_batch: int = 64,
+                 max_len: int = 4096, prefill_chunk: int = 512, decode_steps: int = 1,
+                 top_logprobs: int = 0, min_chunk: int = 16, seed: int = 0,
+                 weight_version: str = "0"):
+        for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
+                                ("prefill_chunk", prefill_chunk, 1),
+                                ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1)):
+            if value < lo:
+                raise ValueError(f"ContinuousEngine.{name}={value}; must be >= {lo}")
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"ContinuousEngine.top_logprobs={top_logprobs}; must be in "
+                             f"[0, {MAX_TOP_LOGPROBS}]")
+        self.cfg, self.params, self.weight_version = cfg, params, weight_version
+        self.max_batch, self.max_len = max_batch, max_len
+        self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
+        self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
+        self._rng = np.random.default_rng(seed)
+        self._state = init_state(cfg, max_batch, max_len)
+        self._queue: list[_Job] = []
+        self._slots: list[_Job | None] = [None] * max_batch
+        self._next_rid = 0
+        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "tokens": 0}
+
+    # --- public API ----------------------------------------------------------------------------
+    def admit_error(self, r: GenerateRequest) -> str | None:
+        """Why this engine cannot run `r` (naming the field), or None."""
+        n = len(r.input_ids)
+        if n < 1 or n >= self.max_len:
+            return f"input_ids has {n} tokens; must be in [1, max_len={self.max_len})"
+        v = self.cfg.vocab_size
+        bad = [t for t in r.input_ids if not 0 <= t < v]
+        if bad:
+            return f"input_ids holds {bad[:5]} outside the vocabulary [0, {v})"
+        bad = [t for t in r.sampling.stop_token_ids if not 0 <= t < v]
+        if bad:
+            return f"stop_token_ids holds {bad[:5]} outside the vocabulary [0, {v})"
+        if len(r.sampling.stop_token_ids) > MAX_STOP_IDS:
+            return (f"stop_token_ids has {len(r.sampling.stop_token_ids)} ids; at most "
+                    f"{MAX_STOP_IDS}")
+        if not 0 <= r.top_logprobs <= self.top_logprobs:
+            return (f"top_logprobs={r.top_logprobs}; this engine reports at most "
+                    f"{self.top_logprobs} (ContinuousEngine.top_logprobs)")
+        if self._padded_len(n) >= self.max_len:
+            return (f"input_ids has {n} tokens, {self._padded_len(n)} once padded to whole "
+                    f"prefill chunks; leaves no room to generate in max_len={self.max_len}")
+        return None
+
+    def submit(self, r: GenerateRequest, on_tokens: StreamHook | None = None) -> str:
+        """Queue `r`; returns its rid (the request's own, or a fresh one). Raises ValueError
+        with `admit_error`'s reason."""
+        why = self.admit_error(r)
+        if why is not None:
+            raise ValueError(why)
+        rid = r.rid if r.rid is not None else f"engine-{self._next_rid}"
+        self._next_rid += 1
+        seed = r.sampling.sampling_seed
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**31 - 1))
+        n = len(r.input_ids)
+        padded = self._padded_len(n)
+        job = _Job(request=r, rid=rid, seed=seed % 2**32, on_tokens=on_tokens,
+                   max_new=min(r.sampling.max_new_tokens, self.max_len - padded))
+        job.chunk = min(padded, self.prefill_chunk)
+        job.padded_ids = np.zeros((padded,), np.int32)
+        job.padded_ids[padded - n:] = r.input_ids
+        job.padded_valid = np.zeros((padded,), np.bool_)
+        job.padded_valid[padded - n:] = True
+        self._queue.append(job)
+        return rid
+
+    def abort(self, rid: str) -> int:
+        """Finish queued and running requests with `rid` as 'abort' now; a running row's slot
+        is free for the next step. Returns the count."""
+        n = 0
+        for job in [j for j in self._queue if j.rid == rid]:
+            self._queue.remove(job)
+            self._finish(job, "abort")
+            n += 1
+        for slot, job in enumerate(self._slots):
+            if job is not None and job.rid == rid:
+                self._finish(job, "abort")
+                self._slots[slot] = None
+                n += 1
+        return n
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue) or any(j is not None for j in self._slots)
+
+    def slot_of(self, rid: str) -> int | None:
+        for slot, job in enumerate(self._slots):
+            if job is not None and job.rid == rid:
+                return slot
+        return None
+
+    def step(self) -> list[GenerateResult]:
+        """Admit, prefill one chunk per prefilling slot, decode once; the results that
+        finished in this step."""
+        finished: list[GenerateResult] = []
+        for slot in range(self.max_batch):
+            if self._slots[slot] is None and self._queue:
+                job = self._queue.pop(0)
+                job.slot = slot
+                self._slots[slot] = job
+        for slot, job in enumerate(self._slots):
+            if job is not None and job.next_chunk * job.chunk < len(job.padded_ids):
+                self._prefill(job, finished)
+        decoding = [j for j in self._slots
+                    if j is not None and j.next_chunk * j.chunk >= len(j.padded_ids)]
+        if decoding:
+            self._decode_once(finished)
+        return finished
+
+    def run(self) -> list[GenerateResult]:
+        """Step until every submitted request finished; results in finishing order."""
+        out: list[GenerateResult] = []
+        while self.busy:
+            out += self.step()
+        return out
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Submit all, run to completion, results in request order."""
+        rids = [self.submit(r) for r in requests]
+        by_rid = {}
+        for res in self.run():
+            by_rid[res.rid] = res
+        return [by_rid[rid] for rid in rids]
+
+    # --- internals -----------------------------------------------------------------------------
+    def _padded_len(self, n: int) -> int:
+        if n <= self.prefill_chunk:
+            return bucket(n, lo=self.min_chunk, hi=self.prefill_chunk)
+        return -(-n // self.prefill_chunk) * self.prefill_chunk
+
+    def _settings(self, job: _Job) -> SlotState:
+        sp = job.request.sampling
+        stop = np.full((1, MAX_STOP_IDS), -1, np.int32)
+        stop[0, :len(sp.stop_token_ids)] = sp.stop_token_ids
+        one = lambda x, dt: np.asarray([x], dt)
+        return SlotState(
+            k=None, v=None, mask_RS=None, index_R=None, token_R=None, length_R=None,
+            live_R=None, counts_RV=None, temperature_R=one(sp.temperature, np.float32),
+            top_k_R=one(sp.top_k, np.int32), top_p_R=one(sp.top_p, np.float32),
+            seed_R=one(job.seed, np.uint32), max_new_R=one(job.max_new, np.int32),
+            stop_RX=stop, presence_R=one(sp.presence_penalty, np.float32),
+            frequency_R=one(sp.frequency_penalty, np.float32))
+
+    def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
+        i, c = job.next_chunk, job.chunk
+        first, last = i == 0, (i + 1) * c >= len(job.padded_ids)
+        self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
+            self.cfg, self.params, self._state, np.int32(job.slot),
+            job.padded_ids[i * c:(i + 1) * c], job.padded_valid[i * c:(i + 1) * c],
+            np.bool_(first), np.bool_(last), self._settings(job), n_top=self.top_logprobs)
+        job.next_chunk += 1
+        self.stats["prefill_chunks"] += 1
+        if not last:
+            return
+        token, logprob, top_ids, top_lp, done = jax.device_get(
+            (token, logprob, top_ids, top_lp, done))
+        stopped = int(token) in job.request.sampling.stop_token_ids
+        self._record(job, [int(token)], [float(logprob)], top_ids[None], top_lp[None],
+                     "stop" if stopped else "length" if bool(done) else None, finished)
+
+    def _decode_once(self, finished: list[GenerateResult]) -> None:
+        keep = np.asarray([j is not None for j in self._slots])
+        self._state, steps = _decode(self.cfg, self.params, self._state, keep,
+                                     n_steps=self.decode_steps, n_top=self.top_logprobs)
+        self.stats["decode_dispatches"] += 1
+        steps, live = jax.device_get((steps, self._state.live_R))
+        for slot, job in enumerate(self._slots):
+            if job is None or job.next_chunk * job.chunk < len(job.padded_ids):
+                continue
+            n = int(steps.valid_RN[slot].sum())
+            if n == 0:
+                continue
+            why = None
+            if not live[slot]:
+                why = "stop" if steps.stopped_RN[slot, n - 1] else "length"
+            self._record(job, steps.tokens_RN[slot, :n].tolist(),
+                         steps.logprobs_RN[slot, :n].tolist(), steps.top_ids_RNK[slot, :n],
+                         steps.top_lp_RNK[slot, :n], why, finished)
+
+    def _record(self, job: _Job, ids: list[int], lps: list[float], top_ids, top_lp,
+                why: str | None, finished: list[GenerateResult]) -> None:
+        k = job.request.top_logprobs
+        top = [tuple(zip(map(int, top_ids[j, :k]), map(float, top_lp[j, :k])))
+               for j in range(len(ids))] if k else []
+        job.ids += ids
+        job.logprobs += lps
+        job.top += top
+        self.stats["tokens"] += len(ids)
+        if why is not None:
+            self._slots[job.slot] = None
+            finished.append(self._finish(job, why, stream=(tuple(ids), tuple(lps))))
+        elif job.on_tokens is not None:
+            job.on_tokens(job.rid, tuple(ids), tuple(lps), None)
+
+    def _finish(self, job: _Job, why: str, stream=((), ())) -> GenerateResult:
+        job.result = GenerateResult(
+            output_ids=tuple(job.ids), logprobs=tuple(job.logprobs), top_logprobs=tuple(job.top),
+            finish_reason=why, prompt_tokens=len(job.request.input_ids),
+            weight_version=self.weight_version, rid=job.rid)
+        if job.on_tokens is not None:
+            job.on_tokens(job.rid, *stream, job.result)
+        return job.result

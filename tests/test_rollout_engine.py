@@ -1,0 +1,222 @@
+"""The continuously batching engine (rollout/engine.py) against the static path and a full
+forward, on the tiny random model; plus a smoke run of bench/gpu.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orchestrax import models
+from orchestrax.rollout import engine as engine_mod
+from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.engine import ContinuousEngine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = models.tiny_config()
+
+
+@pytest.fixture(scope="module")
+def params():
+    return models.init_params(CFG, 0)
+
+
+def prompt(n: int, seed: int) -> tuple[int, ...]:
+    return tuple(np.random.default_rng(seed).integers(0, CFG.vocab_size, n).tolist())
+
+
+def req(n, seed, *, new=8, t=0.0, rid=None, stop=(), sampling_seed=None, top=0):
+    return GenerateRequest(input_ids=prompt(n, seed), rid=rid, top_logprobs=top,
+                           sampling=SamplingParams(temperature=t, max_new_tokens=new,
+                                                   stop_token_ids=stop,
+                                                   sampling_seed=sampling_seed))
+
+
+def full_forward_logp(params, r: GenerateRequest, out_ids, temperature: float) -> np.ndarray:
+    """log_softmax(logits / T) of each output token, from one forward over prompt + output."""
+    ids = jnp.asarray([list(r.input_ids) + list(out_ids)], jnp.int32)
+    logits = models.jit_forward(CFG, params, ids)[0, len(r.input_ids) - 1:-1]
+    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
+    return np.asarray(jnp.take_along_axis(logp, jnp.asarray(out_ids)[:, None], axis=-1)[:, 0])
+
+
+def test_greedy_equals_static_path_and_forward_argmax(params):
+    # Prompt lengths 3..40 with a 16-token chunk: one- and three-chunk prefills; 2 slots for 4
+    # requests, so two of them join a running batch.
+    reqs = [req(3, 1, new=9), req(40, 2, new=5), req(17, 3, new=12), req(8, 4, new=7)]
+    eng = ContinuousEngine(CFG, params, max_batch=2, max_len=96, prefill_chunk=16)
+    got = eng.generate(reqs)
+    static = asyncio.run(EmbeddedSampler(CFG, params, max_batch=4, max_len=96).generate(reqs))
+    for r, g, s in zip(reqs, got, static):
+        assert g.output_ids == s.output_ids
+        assert len(g.output_ids) == r.sampling.max_new_tokens and g.finish_reason == "length"
+        # Independent reference: one forward over prompt + output; greedy means each output
+        # token is the argmax at the position before it.
+        ids = jnp.asarray([list(r.input_ids) + list(g.output_ids)], jnp.int32)
+        logits = models.jit_forward(CFG, params, ids)[0, len(r.input_ids) - 1:-1]
+        assert tuple(np.asarray(jnp.argmax(logits, axis=-1)).tolist()) == g.output_ids
+        np.testing.assert_allclose(g.logprobs, s.logprobs, atol=1e-5)
+
+
+def test_logprobs_equal_full_forward_log_softmax(params):
+    reqs = [req(5, 10, new=10, t=0.7, sampling_seed=1), req(21, 11, new=6, t=1.3,
+                                                            sampling_seed=2),
+            req(9, 12, new=8, t=0.0)]
+    got = ContinuousEngine(CFG, params, max_batch=3, max_len=64, prefill_chunk=16).generate(reqs)
+    for r, g in zip(reqs, got):
+        t = r.sampling.temperature or 1.0   # greedy reports T = 1
+        np.testing.assert_allclose(g.logprobs, full_forward_logp(params, r, g.output_ids, t),
+                                   atol=1e-5, rtol=0)
+
+
+def test_mixed_temperatures_and_seeds_reproducible_per_row(params):
+    reqs = [req(6, 20, new=12, t=1.0, sampling_seed=7), req(13, 21, new=12, t=0.5,
+                                                            sampling_seed=8),
+            req(4, 22, new=12, t=0.0), req(30, 23, new=12, t=2.0, sampling_seed=9)]
+    together = ContinuousEngine(CFG, params, max_batch=4, max_len=64,
+                                prefill_chunk=16).generate(reqs)
+    # Each alone, in an engine whose other slots run unrelated requests, reversed order.
+    for r, g in zip(reversed(reqs), reversed(together)):
+        eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=16)
+        eng.submit(req(11, 99, new=3, t=1.0, sampling_seed=123))
+        eng.step()
+        rid = eng.submit(r)
+        alone = {x.rid: x for x in eng.run()}[rid]
+        assert alone.output_ids == g.output_ids
+    # Same seeds as the static sampler's per-row keys: same tokens.
+    static = asyncio.run(EmbeddedSampler(CFG, params, max_batch=4, max_len=64).generate(reqs))
+    assert [s.output_ids for s in static] == [g.output_ids for g in together]
+    # The sampled rows are not all greedy (the seeds matter).
+    greedy = ContinuousEngine(CFG, params, max_batch=4, max_len=64).generate(
+        [req(6, 20, new=12), req(30, 23, new=12)])
+    assert greedy[0].output_ids != together[0].output_ids or \
+        greedy[1].output_ids != together[3].output_ids
+
+
+def test_request_arriving_mid_decode_finishes_before_the_longest_row(params):
+    eng = ContinuousEngine(CFG, params, max_batch=2, max_len=96, prefill_chunk=16)
+    long_rid = eng.submit(req(10, 30, new=40, rid="long"))
+    done = []
+    for _ in range(5):
+        done += eng.step()
+    assert not done and len(eng._slots[0].ids) == 6   # prefill token + 5 decode steps
+    eng.submit(req(25, 31, new=3, rid="late"))
+    order = []
+    while eng.busy:
+        order += [(r.rid, len(eng._slots[0].ids) if eng._slots[0] else None)
+                  for r in eng.step()]
+    assert [rid for rid, _ in order] == ["late", long_rid]
+    # When "late" finished, "long" was still running with well under its 40 tokens.
+    assert order[0][1] is not None and order[0][1] < 15
+
+
+def test_abort_frees_the_slot_for_a_queued_request(params):
+    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16)
+    eng.submit(req(7, 40, new=50, rid="a"))
+    eng.submit(req(5, 41, new=4, rid="b"))
+    results = []
+    for _ in range(3):
+        results += eng.step()
+    assert eng.slot_of("a") == 0 and eng.slot_of("b") is None
+    assert eng.abort("a") == 1 and eng.slot_of("a") is None
+    results += eng.step()
+    assert eng.slot_of("b") == 0
+    results += eng.run()
+    by = {r.rid: r for r in results}
+    assert len(by["b"].output_ids) == 4 and by["b"].finish_reason == "length"
+    # b in a reused slot decodes exactly as b alone in a fresh engine
+    alone = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16)
+    assert alone.generate([req(5, 41, new=4)])[0].output_ids == by["b"].output_ids
+    assert eng.abort("nope") == 0
+
+
+def test_abort_result_and_queued_abort_reach_the_stream_hook(params):
+    seen: dict[str, list] = {"a": [], "q": []}
+    finals = {}
+
+    def hook(rid, ids, lps, result):
+        seen[rid] += ids
+        if result is not None:
+            finals[rid] = result
+
+    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16)
+    eng.submit(req(7, 50, new=50, rid="a"), on_tokens=hook)
+    eng.submit(req(7, 51, new=50, rid="q"), on_tokens=hook)
+    eng.step(), eng.step()
+    eng.abort("q"), eng.abort("a")
+    assert finals["a"].finish_reason == "abort" and len(finals["a"].output_ids) == 3
+    assert tuple(seen["a"]) == finals["a"].output_ids
+    assert finals["q"].finish_reason == "abort" and finals["q"].output_ids == ()
+    assert not eng.busy
+
+
+def test_stop_ids_streaming_and_top_logprobs(params):
+    first = ContinuousEngine(CFG, params, max_batch=2, max_len=64).generate(
+        [req(9, 60, new=10, t=1.0, sampling_seed=5)])[0]
+    stop_at = first.output_ids[3]
+    k = first.output_ids.index(stop_at)              # first occurrence
+    streamed = []
+    eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, decode_steps=3,
+                           top_logprobs=4)
+    rid = eng.submit(req(9, 60, new=10, t=1.0, sampling_seed=5, stop=(stop_at,), top=2),
+                     on_tokens=lambda rid, ids, lps, res: streamed.extend(ids))
+    res = {r.rid: r for r in eng.run()}[rid]
+    assert res.output_ids == first.output_ids[:k + 1] and res.finish_reason == "stop"
+    assert tuple(streamed) == res.output_ids
+    assert len(res.top_logprobs) == len(res.output_ids)
+    for (tok, lp), top in zip(zip(res.output_ids, res.logprobs), res.top_logprobs):
+        assert len(top) == 2 and top[0][1] >= top[1][1]
+        assert lp <= top[0][1] + 1e-6
+
+
+def test_bad_requests_are_refused_naming_the_field(params):
+    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=32, prefill_chunk=16)
+    with pytest.raises(ValueError, match="input_ids has 40 tokens"):
+        eng.submit(GenerateRequest(input_ids=prompt(40, 0)))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.submit(GenerateRequest(input_ids=(1, CFG.vocab_size)))
+    with pytest.raises(ValueError, match="top_logprobs=3"):
+        eng.submit(GenerateRequest(input_ids=(1, 2), top_logprobs=3))
+    with pytest.raises(ValueError, match="padded to whole prefill chunks"):
+        eng.submit(GenerateRequest(input_ids=prompt(20, 0)))   # 20 -> 32 = max_len
+    with pytest.raises(ValueError, match="ContinuousEngine.max_batch=0"):
+        ContinuousEngine(CFG, params, max_batch=0)
+
+
+def test_one_decode_compile_and_one_prefill_compile_per_chunk_bucket(params, monkeypatch):
+    cfg = CFG.replace(num_layers=1)   # a config no other test compiled for
+    p = models.init_params(cfg, 1)
+    monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
+        chex.assert_max_traces(engine_mod._decode_impl, n=1), ("cfg", "n_steps", "n_top")))
+    # Chunk buckets 16 and 32 (prompts of 3..70 tokens, 32-token chunks): two prefill traces.
+    monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
+        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=2), ("cfg", "n_top")))
+    eng = ContinuousEngine(cfg, p, max_batch=3, max_len=128, prefill_chunk=32)
+    results = []
+    for i, (n, new) in enumerate([(3, 5), (70, 9), (16, 2), (31, 11), (12, 1), (50, 4)]):
+        eng.submit(req(n, 70 + i, new=new, t=0.5 * (i % 3), sampling_seed=i))
+        results += eng.step()
+    results += eng.run()
+    assert sorted(len(r.output_ids) for r in results) == [1, 2, 4, 5, 9, 11]
+
+
+@pytest.mark.slow
+def test_bench_gpu_smoke(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--smoke", "--results",
+         str(out)], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "XLA_FLAGS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = out.read_text()
+    for field in ("train_step", "sampler@", "pool start", "memory"):
+        assert field in line, line
+    assert "FAILED" not in line and "TIMEOUT" not in line, line
