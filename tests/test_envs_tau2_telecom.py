@@ -12,7 +12,10 @@ import pytest
 from orchestrax.envs import tau2
 from orchestrax.envs.tau2.telecom import TelecomDomain, compare_action, gold_actions, sync
 from orchestrax.envs.tau2.telecom_episode import TelecomEpisode
+from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
+from loopback import ScriptedChatServer
 from orchestrax.tools.base import ToolError
+from orchestrax.tools.chat_client import ChatEndpoint
 
 
 @pytest.fixture(scope="module")
@@ -256,9 +259,49 @@ def test_episode_tools_share_one_state_and_score_the_gold_path(dom):
     assert other.state.surroundings["line_active"] is False  # a second episode starts fresh
 
 
-def test_tau2env_refuses_telecom_clearly(dom):
-    with pytest.raises(NotImplementedError, match="TelecomEpisode"):
-        tau2.Tau2Env(dom)
+def _pick(dom, split_ids, sides):
+    return next(t for t in dom.tasks if t["id"] in split_ids and gold_actions(t)
+                and {a["requestor"] for a in gold_actions(t)} == sides)
+
+
+def test_tau2env_telecom_episode_over_loopback(dom):
+    """Tau2Env's three hooks (tools, user, verify) share one episode: the scripted LLM user
+    fixes the phone with <tool_call>s, the agent's calls go through env.tools, verify scores 1;
+    a second run where the user never acts scores 0."""
+    env = tau2.Tau2Env(dom, user_endpoint=None)
+    task = next(t for t in env.tasks("test")
+                if {a["requestor"] for a in gold_actions(env.raw(t))} == {"assistant", "user"})
+    gold = gold_actions(env.raw(task))
+    user_calls = "".join(f'<tool_call>{{"name": "{a["name"]}", "arguments": {json.dumps(a["arguments"])}}}'
+                         '</tool_call>' for a in gold if a["requestor"] == "user")
+
+    async def play(user_fixes: bool):
+        script = iter(['<tool_call>{"name": "check_status_bar", "arguments": {}}</tool_call>',
+                       "My mobile data does not work.",
+                       *([user_calls] if user_fixes else []), "It works now. ###STOP###"])
+        async with ScriptedChatServer(lambda body: next(script)) as srv:
+            env.user_endpoint = ChatEndpoint(base_url=srv.base_url, model="user-sim")
+            tools = {t.spec.name: t for t in env.tools(task)}
+            user = env.user_for(task)
+            opened = await env.open(task, user)
+            calls = [a for a in gold if a["requestor"] == "assistant"]
+            for a in calls:
+                await tools[a["name"]](a["arguments"])
+            reply = await user([*opened.messages, {"role": "assistant", "content": "Please do X."}])
+            traj = Trajectory(task_id=task.task_id, turns=[TurnRecord(text="", tool_calls=[
+                ToolCallRecord(name=a["name"], arguments=a["arguments"], observation="")
+                for a in calls])])
+            return opened, reply, user, srv.requests, await env.verify(task, traj)
+
+    opened, reply, user, requests, reward = asyncio.run(play(True))
+    assert opened.messages[-1]["content"] == "My mobile data does not work."
+    assert reply.stop and reward == 1.0
+    # the phone's result went back to the endpoint, and the tools are listed in its prompt
+    assert "<tool_response>" in requests[1]["messages"][-1]["content"]
+    assert '"name": "toggle_airplane_mode"' in requests[0]["messages"][0]["content"]
+    assert [c["requestor"] for c in user.episode.calls].count("user") == 1 + sum(
+        a["requestor"] == "user" for a in gold)
+    assert asyncio.run(play(False))[-1] == 0.0
 
 
 def test_load_errors_name_the_file(tmp_path, shared_data):

@@ -17,6 +17,8 @@ from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.envs.base import Environment
 from orchestrax.envs.tau2.domain import Tau2Domain, load_domain
+from orchestrax.envs.tau2.telecom import TelecomDomain
+from orchestrax.envs.tau2.telecom_sim import EpisodeBook
 from orchestrax.envs.tau2.user import GREETING, LLMUser
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
 from orchestrax.tools.base import Tool
@@ -44,13 +46,13 @@ class Tau2Env(Environment):
                  tools: Mapping[str, Tool] | None = None):
         # --- telecom (owner: telecom engineer) ---
         self.domain = load_domain(domain) if isinstance(domain, (str, pathlib.Path)) else domain
-        if not isinstance(self.domain, Tau2Domain):
-            raise NotImplementedError(
-                "Tau2Env does not run tau2 telecom episodes yet: its user simulator needs phone "
-                "tools. Use tau2.TelecomEpisode (both sides' tools on one state, reward()) directly")
+        # dual control: each episode's CRM tools, phone-using user and verdict share a state
+        self._telecom = EpisodeBook(self.domain) if isinstance(self.domain, TelecomDomain) else None
+        own = ({f.name for f in self.domain.tool_functions("assistant")} if self._telecom
+               else {t.spec.name for t in self.domain.tools()})
         # --- end telecom ---
         self.catalog: dict[str, Tool] = dict(tools or {})
-        clash = sorted(set(self.catalog) & {t.spec.name for t in self.domain.tools()})
+        clash = sorted(set(self.catalog) & own)
         if clash:
             raise ValueError(f"Tau2Env tools {clash} have the names of {self.domain.name} domain "
                              "functions; rename them in the catalog")
@@ -85,6 +87,8 @@ class Tau2Env(Environment):
         if self.user_endpoint is None:
             raise ValueError("Tau2Environment has no user_endpoint; pass a ChatEndpoint or use "
                              "tau2.user.ScriptedUser")
+        if self._telecom is not None:  # telecom: the user gets the episode's phone
+            return self._telecom.user(self.raw(task), self.user_endpoint)
         return LLMUser(self.raw(task), self.user_endpoint)
 
     def user_for(self, task: Task) -> UserResponder | None:
@@ -100,7 +104,8 @@ class Tau2Env(Environment):
 
     def tools(self, task: Task) -> list[Tool]:
         """The domain's functions (one fresh DB), then the catalog or the instance's subset."""
-        return [*self.domain.tools(), *instance_tools(self.catalog, task)]
+        own = self._telecom.tools(self.raw(task)) if self._telecom else self.domain.tools()
+        return [*own, *instance_tools(self.catalog, task)]
 
     def check(self, task: Task, trajectory: Trajectory) -> Verdict:
         texts = trajectory_texts(trajectory) + [m["content"] for m in trajectory.messages
@@ -110,5 +115,8 @@ class Tau2Env(Environment):
         return check(self.domain, self.raw(task), calls, texts, self._gold)
 
     async def verify(self, task: Task, trajectory: Trajectory) -> float:
+        if self._telecom is not None:  # tau2's telecom reward: env assertions (x gold actions)
+            return self._telecom.reward(self.raw(task), [
+                c for c in trajectory_calls(trajectory) if c["name"] not in self.catalog])
         verdict = self.check(task, trajectory)
         return float(verdict.passed if self.completeness else verdict.benchmark_passed)

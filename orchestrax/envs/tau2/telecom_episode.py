@@ -23,6 +23,7 @@ class TelecomEpisode:
         self.domain, self.task = domain, task
         self.state = domain.initial_state(task)
         self.calls: list[dict[str, Any]] = []  # {"requestor", "name", "arguments"}, in order
+        self.has_user = False  # a simulated user is bound to this episode's phone
 
     def agent_tools(self) -> list["TelecomTool"]:
         return [TelecomTool(self, "assistant", f) for f in self.domain.tool_functions("assistant")]
