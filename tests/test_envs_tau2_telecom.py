@@ -302,6 +302,12 @@ def test_tau2env_telecom_episode_over_loopback(dom):
     assert [c["requestor"] for c in user.episode.calls].count("user") == 1 + sum(
         a["requestor"] == "user" for a in gold)
     assert asyncio.run(play(False))[-1] == 0.0
+    with pytest.raises(ValueError, match="telecom has only verify"):
+        env.check(task, Trajectory(task_id=task.task_id))
+    bad = {**env.raw(task), "evaluation_criteria": {**env.raw(task)["evaluation_criteria"],
+                                                    "reward_basis": ["DB"]}}
+    with pytest.raises(ValueError, match="reward_basis \\['DB'\\] not supported"):
+        dom.reward(bad, [])
 
 
 def test_load_errors_name_the_file(tmp_path, shared_data):

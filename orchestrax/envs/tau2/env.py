@@ -108,6 +108,9 @@ class Tau2Env(Environment):
         return [*own, *instance_tools(self.catalog, task)]
 
     def check(self, task: Task, trajectory: Trajectory) -> Verdict:
+        if self._telecom is not None:  # telecom scores env assertions, not DB hashes
+            raise ValueError("Tau2Env.check gives retail/airline verdicts; telecom has only "
+                             "verify (its reward)")
         texts = trajectory_texts(trajectory) + [m["content"] for m in trajectory.messages
                                                 if m.get("role") == "assistant"
                                                 and isinstance(m.get("content"), str)]
