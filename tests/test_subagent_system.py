@@ -247,3 +247,43 @@ def test_a_crashing_subagent_returns_a_failed_report(tok):
     report = asyncio.run(agent.run("Compute 1 + 1", rid="t"))
     assert not report.ok and report.result.startswith("sub-agent crashed: ")
     assert report.trajectory is None and report.model_calls == ()
+
+
+class Unreliable(ScriptedSampler):
+    """Raises for the first `failures` calls; with `short_logprobs`, answers one logprob short."""
+
+    def __init__(self, tok, *, failures=0, short_logprobs=False):
+        super().__init__(tok, ["<answer>4</answer>"])
+        self.failures, self.short_logprobs, self.attempts = failures, short_logprobs, 0
+
+    async def generate(self, requests):
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise ConnectionError("server went away")
+        out = await super().generate(requests)
+        if self.short_logprobs:
+            import dataclasses
+            out = [dataclasses.replace(r, logprobs=r.logprobs[:-1]) for r in out]
+        return out
+
+
+def test_orchestrator_sampler_failures_are_retried_then_end_the_query(tok):
+    """The same per-turn sampling as a Direct episode (agent.episode.sample_turn): a failed call
+    is retried, `sampler_attempts` failures or a sampler breaking the one-logprob-per-id
+    contract end the query with an error and no training sample."""
+    task = Task(task_id="q/2", messages=({"role": "user", "content": "2+2?"},))
+    cfg = OrchestratorConfig(enable_thinking=False, sampler_attempts=2, sampler_backoff_s=0.0)
+
+    def query(sampler):
+        return asyncio.run(run_query(task, {}, sampler, Codec(tok), cfg)), sampler.attempts
+
+    (ok, calls) = query(Unreliable(tok, failures=1))
+    assert (ok.end_reason, ok.final_answer, calls, len(ok.samples)) == ("answer", "4", 2, 1)
+    (dead, calls) = query(Unreliable(tok, failures=2))
+    assert (dead.end_reason, calls, dead.samples) == ("error", 2, [])
+    assert dead.trajectory.error == "sampler failed: ConnectionError: server went away (2 attempts)"
+    (short, calls) = query(Unreliable(tok, short_logprobs=True))
+    assert (short.end_reason, calls, short.samples) == ("error", 1, [])
+    assert "output ids but" in short.trajectory.error
+    with pytest.raises(ValueError, match="OrchestratorConfig.sampler_backoff_s=-1"):
+        OrchestratorConfig(sampler_backoff_s=-1)

@@ -75,6 +75,42 @@ def prompt_messages(task: Task) -> list[dict[str, Any]]:
     return messages
 
 
+async def sample_turn(sampler: Sampler, ids: Sequence[int], sampling: SamplingParams,
+                      stop_ids: Sequence[int], *, turn: int, max_new_tokens: int, rid: str,
+                      attempts: int, backoff_s: float) -> tuple[GenerateResult, float] | str:
+    """One assistant turn from the sampler, as Direct episodes and the sub-agent orchestrator
+    both sample: `sampling` with the chat's stop ids added, `max_new_tokens` for this turn and
+    the sampling seed offset by `turn` (so turns differ but a rerun repeats). A failed call is
+    retried `attempts` times in all, backing off `backoff_s`·2^k seconds.
+
+    Returns (result, wall-clock seconds of the call that succeeded), or why it failed: every
+    attempt raised, or the result's logprobs do not match its output ids one to one.
+    Cancellation propagates."""
+    seed = sampling.sampling_seed
+    request = GenerateRequest(input_ids=tuple(ids), rid=rid, sampling=dataclasses.replace(
+        sampling, max_new_tokens=max_new_tokens,
+        stop_token_ids=tuple(dict.fromkeys((*sampling.stop_token_ids, *stop_ids))),
+        sampling_seed=None if seed is None else seed + turn))
+    problem = ""
+    for attempt in range(attempts):
+        if attempt:
+            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            start = time.perf_counter()
+            (result,) = await sampler.generate([request])
+            seconds = time.perf_counter() - start
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a dead server costs a retry, then this turn
+            problem = f"sampler failed: {type(e).__name__}: {e}"
+            continue
+        if len(result.logprobs) != len(result.output_ids):
+            return (f"sampler returned {len(result.output_ids)} output ids but "
+                    f"{len(result.logprobs)} logprobs")
+        return result, seconds
+    return problem + f" ({attempts} attempts)"
+
+
 class _Episode:
     """Mutable state of one episode; `run` is the loop."""
 
@@ -91,8 +127,6 @@ class _Episode:
                                loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
                                messages=messages)
         self.format_streak = 0
-        self.sampling = dataclasses.replace(config.sampling, stop_token_ids=tuple(
-            dict.fromkeys(config.sampling.stop_token_ids + codec.stop_ids)))
 
     def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None):
         self.traj.token_ids.extend(ids)
@@ -102,30 +136,6 @@ class _Episode:
     def _end(self, reason: EndReason, error: str | None = None) -> Trajectory:
         self.traj.end_reason, self.traj.error = reason, error
         return self.traj
-
-    async def _generate(self, turn: int, room: int) -> tuple[GenerateResult, float] | str:
-        """(result, wall-clock seconds of the call that succeeded), or why every attempt
-        failed."""
-        cfg = self.config
-        seed = cfg.sampling.sampling_seed
-        sampling = dataclasses.replace(
-            self.sampling, max_new_tokens=min(cfg.max_new_tokens, room),
-            sampling_seed=None if seed is None else seed + turn)
-        request = GenerateRequest(input_ids=tuple(self.traj.token_ids), sampling=sampling,
-                                  rid=f"{self.task.task_id}/{turn}")
-        problem = ""
-        for attempt in range(cfg.sampler_attempts):
-            if attempt:
-                await asyncio.sleep(cfg.sampler_backoff_s * 2 ** (attempt - 1))
-            try:
-                start = time.perf_counter()
-                (result,) = await self.sampler.generate([request])
-                return result, time.perf_counter() - start
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a dead server costs a retry, then this episode only
-                problem = f"sampler failed: {type(e).__name__}: {e}"
-        return problem + f" ({cfg.sampler_attempts} attempts)"
 
     def _continue(self, parts: Sequence[str]) -> bool:
         """Append a continuation block (`chat.*_parts`, mask 0) if the context has room for it
@@ -142,14 +152,14 @@ class _Episode:
             room = cfg.context_tokens - len(traj.token_ids)
             if room < 1:
                 return self._end("context")
-            generated = await self._generate(turn, room)
+            generated = await sample_turn(
+                self.sampler, traj.token_ids, cfg.sampling, codec.stop_ids, turn=turn,
+                max_new_tokens=min(cfg.max_new_tokens, room), rid=f"{self.task.task_id}/{turn}",
+                attempts=cfg.sampler_attempts, backoff_s=cfg.sampler_backoff_s)
             if isinstance(generated, str):
                 return self._end("error", generated)
             result, seconds = generated
             out = list(result.output_ids)
-            if len(result.logprobs) != len(out):
-                return self._end("error", f"sampler returned {len(out)} output ids but "
-                                          f"{len(result.logprobs)} logprobs")
             self._append(out, 1, result.logprobs)
             stopped = result.finish_reason == "stop" and bool(out) and out[-1] in codec.stop_ids
             text = codec.decode(out[:-1] if stopped else out)

@@ -11,7 +11,6 @@ prompt ids it saw, the ids it produced, their logprobs), which is what Flow-GRPO
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import pathlib
 import re
@@ -20,13 +19,13 @@ from typing import Any, Literal, Mapping
 
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
-from orchestrax.agent.episode import prompt_messages
+from orchestrax.agent.episode import prompt_messages, sample_turn
 from orchestrax.agent.parser import ToolCallParser
 from orchestrax.agent.subagent.accounting import QueryAccount, priced_call
 from orchestrax.agent.subagent.memory import Memory, MemoryLimits, clip, orchestrator_messages
 from orchestrax.agent.subagent.roles import SubAgent, SubAgentReport, role_order
 from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
+from orchestrax.rollout.base import Sampler, SamplingParams
 from orchestrax.tools.base import Pricing
 
 Thinking = Literal["none", "subagents", "orchestrator", "all"]
@@ -61,13 +60,17 @@ class OrchestratorConfig:
     sampling: SamplingParams = SamplingParams()
     pricing: Pricing | None = None     # per-token price of the orchestrator model, if priced
     system: str = SYSTEM_PROMPT
-    sampler_attempts: int = 3
+    sampler_attempts: int = 3          # a failed generate() is retried, then the query ends
+    sampler_backoff_s: float = 0.5
 
     def __post_init__(self):
         for name in ("max_turns", "max_new_tokens", "turn_tokens", "max_format_errors",
                      "sampler_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"OrchestratorConfig.{name}={getattr(self, name)}; must be >= 1")
+        if self.sampler_backoff_s < 0:
+            raise ValueError(f"OrchestratorConfig.sampler_backoff_s={self.sampler_backoff_s}; "
+                             "must be >= 0")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -158,34 +161,12 @@ class _Query:
         self.traj = Trajectory(task_id=task.task_id)
         self.samples: list[TurnSample] = []
         self.reports: list[SubAgentReport] = []
-        self.sampling = dataclasses.replace(config.sampling, stop_token_ids=tuple(
-            dict.fromkeys(config.sampling.stop_token_ids + codec.stop_ids)))
 
     def messages(self) -> list[dict[str, Any]]:
         if self.config.memory:
             return orchestrator_messages(self.system, self.memory)
         return [{"role": "system", "content": self.system},
                 {"role": "user", "content": self.memory.query}, *self.history]
-
-    async def _generate(self, turn: int, ids: list[int], room: int) -> GenerateResult | str:
-        cfg = self.config
-        seed = cfg.sampling.sampling_seed
-        sampling = dataclasses.replace(self.sampling, max_new_tokens=min(cfg.max_new_tokens, room),
-                                       sampling_seed=None if seed is None else seed + turn)
-        request = GenerateRequest(input_ids=tuple(ids), sampling=sampling,
-                                  rid=f"{self.task.task_id}/orchestrator/{turn}")
-        problem = ""
-        for attempt in range(cfg.sampler_attempts):
-            if attempt:
-                await asyncio.sleep(0.5 * 2 ** (attempt - 1))
-            try:
-                (result,) = await self.sampler.generate([request])
-                return result
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a dead server costs this query only
-                problem = f"sampler failed: {type(e).__name__}: {e}"
-        return problem + f" ({cfg.sampler_attempts} attempts)"
 
     def _end(self, reason: EndReason, error: str | None = None) -> None:
         self.traj.end_reason, self.traj.error = reason, error
@@ -206,9 +187,14 @@ class _Query:
             room = cfg.turn_tokens - len(ids)
             if room < 1:
                 return self._end("context")
-            result = await self._generate(turn, ids, room)
-            if isinstance(result, str):
-                return self._end("error", result)
+            generated = await sample_turn(
+                self.sampler, ids, cfg.sampling, codec.stop_ids, turn=turn,
+                max_new_tokens=min(cfg.max_new_tokens, room),
+                rid=f"{self.task.task_id}/orchestrator/{turn}", attempts=cfg.sampler_attempts,
+                backoff_s=cfg.sampler_backoff_s)
+            if isinstance(generated, str):
+                return self._end("error", generated)
+            result, _ = generated   # the query's wall clock (account.latency_s) includes it
             out = list(result.output_ids)
             self.samples.append(TurnSample(turn=turn, prompt_ids=ids, output_ids=out,
                                            logprobs=list(result.logprobs), prompt_text=prompt))
