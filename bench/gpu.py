@@ -1,0 +1,271 @@
+"""One-GPU benchmark of issue 9: Qwen3-8B GRPO step MFU, continuous-batching sampler tok/s,
+EpisodePool start time, compiled vs measured peak memory. Random weights, no hub.
+
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python bench/gpu.py            # one GPU, <= 8 min
+    python bench/gpu.py --smoke                                          # CPU, tiny presets
+
+Each section runs in its own child process under its own timeout (a hung compile or an
+out-of-memory cannot take the rest down, and each section's peak memory is its own); a section
+that fails or times out is reported as such in the table. Prints a table and appends one dated
+line to bench/RESULTS.md (or --results).
+
+- train: `rl.make_train_step` on qwen3-8b, fp32 params + AdamW, bf16 compute, remat full,
+  B x T = 16k tokens at T = 2k and 8k (micro-batches of <= 4k tokens); MFU = 6 N tokens / s over
+  the datasheet bf16 peak of the detected chip (`jax.devices()[0].device_kind`).
+- sampler: `rollout.engine.ContinuousEngine`, qwen3-8b bf16, 64 and 256 concurrent requests of
+  256 prompt + 256 new tokens at T = 1; output tok/s and the fraction of the bandwidth floor
+  (every decode step reads the weights and each row's filled KV once, at datasheet HBM speed).
+- pool: `agent.pool.EpisodePool` of 16 workers (bench/rollout_concurrency.py's player), time to
+  ready, then 16 one-turn episodes played to check it works.
+- memory: for train and sampler, XLA's compiled footprint (`memory_analysis`: arguments +
+  outputs + temporaries - aliased) next to `device.memory_stats()["peak_bytes_in_use"]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+GIB = 2**30
+HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12}   # datasheet (SXM)
+
+
+# --- sections (each runs in a child process) ---------------------------------------------------
+def _chip() -> str | None:
+    import jax
+    kind = jax.devices()[0].device_kind.lower()
+    return next((c for c in ("h200", "h100", "a100") if c in kind), None)
+
+
+def _compiled_bytes(compiled) -> float | None:
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+
+
+def _peak_bytes() -> float | None:
+    import jax
+    stats = jax.devices()[0].memory_stats()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+def section_train(smoke: bool, seq: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from orchestrax import models, rl
+
+    if smoke:
+        cfg = models.tiny_config(dtype="bfloat16", remat="full")
+        tokens = 4 * seq
+    else:
+        cfg = models.preset("qwen3-8b", dtype="bfloat16", remat="full")
+        tokens = 16384
+    b = tokens // seq
+    micro = max(1, b // max(1, 4096 // seq))                 # <= 4k tokens per micro-step
+    gcfg = rl.GRPOConfig(compute_entropy=False, logprob_chunk=min(seq, 1024),
+                         num_microbatches=micro)
+    train = rl.make_train_step(cfg, gcfg, rl.OptimizerConfig(lr=1e-6))
+    state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
+    rng = np.random.default_rng(0)
+    batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, seq)), jnp.int32),
+             "attention_mask": jnp.ones((b, seq), jnp.int32),
+             "loss_mask": jnp.ones((b, seq), jnp.float32),
+             "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
+             "old_logprobs": jnp.full((b, seq), -np.log(cfg.vocab_size), jnp.float32)}
+    # One outer jit around the step so its compiled memory can be read and then run as is.
+    t0 = time.perf_counter()
+    step = jax.jit(lambda s, x: train.step(s, x), donate_argnums=0).lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    state, _ = step(state, batch)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(2 if smoke else 3):
+        t0 = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+    t = sorted(times)[len(times) // 2]
+    n = models.num_params(cfg)
+    chip = _chip()
+    return {"what": f"train_step T={seq}", "model": "tiny" if smoke else "qwen3-8b",
+            "B": b, "T": seq, "micro": micro, "s_per_step": t, "tok_s": tokens / t,
+            "mfu": rl.mfu(n, tokens, t, rl.peak_flops(chip)) if chip else None,
+            "compile_s": compile_s, "loss": float(metrics["loss_first"]),
+            "compiled_bytes": _compiled_bytes(step), "peak_bytes": _peak_bytes()}
+
+
+def section_sampler(smoke: bool, concurrency: int) -> dict:
+    import jax
+    import numpy as np
+    from orchestrax import models
+    from orchestrax.rollout import engine as eng_mod
+    from orchestrax.rollout.base import GenerateRequest, SamplingParams
+
+    if smoke:
+        cfg, prompt, new = models.tiny_config(), 8, 8
+    else:
+        cfg, prompt, new = models.preset("qwen3-8b", dtype="bfloat16",
+                                         param_dtype="bfloat16"), 256, 256
+    params = jax.jit(models.init_params, static_argnums=0)(cfg)
+    chunk = max(prompt, 16)                        # the whole prompt in one prefill chunk
+    engine = eng_mod.ContinuousEngine(cfg, params, max_batch=concurrency, max_len=chunk + new,
+                                      prefill_chunk=chunk, decode_steps=8)
+    rng = np.random.default_rng(0)
+
+    def requests(n_new):
+        return [GenerateRequest(input_ids=tuple(rng.integers(0, cfg.vocab_size, prompt).tolist()),
+                                sampling=SamplingParams(temperature=1.0, max_new_tokens=n_new,
+                                                        sampling_seed=i))
+                for i in range(concurrency)]
+
+    t0 = time.perf_counter()
+    engine.generate(requests(2))                  # compiles: same slot count, chunk and steps
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = engine.generate(requests(new))
+    wall = time.perf_counter() - t0
+    out_tokens = sum(len(r.output_ids) for r in results)
+    # Bandwidth floor: each decode step reads the weights once and every row's filled KV once.
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2     # k+v, bf16
+    steps_bytes = sum(weight_bytes + concurrency * (prompt + j) * kv_per_token
+                      for j in range(new))
+    peer_s = None
+    if concurrency <= 64:  # the static batcher as the peer (too slow at 256 for the budget)
+        import asyncio
+        from orchestrax.rollout.embedded import EmbeddedSampler
+        async def timed_static() -> float:  # one event loop: the sampler's queue is bound to it
+            static = EmbeddedSampler(cfg, params, max_batch=concurrency, max_len=chunk + new)
+            await static.generate(requests(new))   # its shapes bucket by max_new: warm all
+            reqs = requests(new)
+            t0 = time.perf_counter()
+            await static.generate(reqs)
+            return time.perf_counter() - t0
+
+        peer_s = asyncio.run(timed_static())
+    chip = _chip()
+    floor_s = steps_bytes / HBM_BYTES_PER_S[chip] if chip else None
+    compiled = eng_mod._decode.lower(cfg, params, engine._state,
+                                     np.ones((concurrency,), bool), n_steps=8, n_top=0).compile()
+    return {"what": f"sampler@{concurrency}", "model": "tiny" if smoke else "qwen3-8b",
+            "requests": concurrency, "prompt": prompt, "new": new, "wall_s": wall,
+            "tok_s": out_tokens / wall, "floor_s": floor_s, "static_s": peer_s,
+            "floor_frac": floor_s / wall if floor_s else None, "compile_s": compile_s,
+            "compiled_bytes": _compiled_bytes(compiled), "peak_bytes": _peak_bytes()}
+
+
+def section_pool(smoke: bool, workers: int) -> dict:
+    import asyncio
+    sys.path.insert(0, str(HERE))
+    from rollout_concurrency import PlanPlayer, check, make_plan, tasks_for
+    from orchestrax.agent.pool import EpisodePool
+
+    plan = make_plan(workers, 1, seed=0)
+    t0 = time.perf_counter()
+    with EpisodePool(functools.partial(PlanPlayer, plan), workers=workers) as pool:
+        start_s = time.perf_counter() - t0
+        trajs = asyncio.run(pool.play(tasks_for(plan)))
+    check(trajs, plan)
+    return {"what": f"pool start ({workers} workers)", "start_s": start_s,
+            "episodes": len(trajs)}
+
+
+SECTIONS = {"train": section_train, "sampler": section_sampler, "pool": section_pool}
+
+
+def plan(smoke: bool) -> list[tuple[str, int, int]]:
+    """(section, argument, timeout s); the full plan fits in 8 minutes of timeouts."""
+    if smoke:
+        return [("train", 32, 240), ("sampler", 4, 240), ("sampler", 8, 240), ("pool", 2, 120)]
+    return [("train", 2048, 130), ("train", 8192, 130), ("sampler", 64, 80),
+            ("sampler", 256, 100), ("pool", 16, 30)]
+
+
+# --- driver ------------------------------------------------------------------------------------
+def run_child(name: str, arg: int, timeout: int, smoke: bool) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep
+           + os.environ.get("PYTHONPATH", "")}
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+    cmd = [sys.executable, __file__, "--section", name, "--arg", str(arg)] + (
+        ["--smoke"] if smoke else [])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"what": f"{name}({arg})", "status": f"TIMEOUT after {timeout} s"}
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    if proc.returncode != 0 or not last or not last[0].startswith("{"):
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]
+        return {"what": f"{name}({arg})", "status": f"FAILED rc={proc.returncode}: {why}"}
+    return {**json.loads(last[0]), "status": "ok"}
+
+
+def _fmt(x, unit="", scale=1.0, digits=1):
+    return "n/a" if x is None else f"{x / scale:,.{digits}f}{unit}"
+
+
+def _mem(x) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x / GIB:,.2f} GiB" if x >= GIB else f"{x / 2**20:,.1f} MiB"
+
+
+def describe(r: dict) -> str:
+    if r["status"] != "ok":
+        return f"{r['what']}: {r['status']}"
+    mem = (f"memory compiled {_mem(r.get('compiled_bytes'))} / measured peak "
+           f"{_mem(r.get('peak_bytes'))}")
+    if r["what"].startswith("train_step"):
+        return (f"{r['what']} {r['model']} B={r['B']} (micro-batches {r['micro']}): "
+                f"{r['s_per_step']:.2f} s/step, {r['tok_s']:,.0f} tok/s, MFU "
+                f"{_fmt(r['mfu'] and 100 * r['mfu'], '%')}, compile {r['compile_s']:.0f} s, "
+                f"{mem}")
+    if r["what"].startswith("sampler"):
+        return (f"{r['what']} {r['model']} {r['requests']}x({r['prompt']}+{r['new']}): "
+                f"{r['tok_s']:,.0f} out tok/s, {r['wall_s']:.2f} s vs floor "
+                f"{_fmt(r['floor_s'], ' s', digits=2)} "
+                f"({_fmt(r['floor_frac'] and 100 * r['floor_frac'], '%')} of the floor), "
+                f"{_fmt(r['static_s'] and r['static_s'] / r['wall_s'], 'x', digits=2)} the "
+                f"static EmbeddedSampler's speed on the same requests, "
+                f"compile {r['compile_s']:.0f} s, {mem}")
+    return f"{r['what']}: ready in {r['start_s']:.2f} s, {r['episodes']} episodes played"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny presets, CPU, seconds")
+    ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)
+    ap.add_argument("--arg", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.section:                      # child: one section, its result as the last line
+        print(json.dumps(SECTIONS[args.section](args.smoke, args.arg)))
+        return
+    import jax
+    device = jax.devices()[0]
+    kind = f"{device.platform} {device.device_kind}"
+    t0 = time.perf_counter()
+    rows = [run_child(name, arg, timeout, args.smoke) for name, arg, timeout in plan(args.smoke)]
+    total = time.perf_counter() - t0
+    print(f"bench/gpu.py on {kind}{' (smoke)' if args.smoke else ''}, {total:.0f} s")
+    for r in rows:
+        print("  " + describe(r))
+    line = (f"- {datetime.date.today().isoformat()} gpu ({kind}{', smoke: tiny presets' if args.smoke else ''}; "
+            f"{total:.0f} s): " + "; ".join(describe(r) for r in rows)
+            + f" (python bench/gpu.py{' --smoke' if args.smoke else ''})")
+    with open(args.results, "a") as f:
+        f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
