@@ -13,7 +13,6 @@ becomes a payment request on the phone. A failed call leaves the state unsynced,
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import pathlib
@@ -73,6 +72,11 @@ def sync(st: TelecomState) -> None:
                                       "amount_due": waiting[0]["total_due"], "paid": False}
 
 
+def _copy(db: dict) -> dict:
+    """A deep copy of a JSON-shaped DB; a JSON round trip is ~3x faster than copy.deepcopy."""
+    return json.loads(json.dumps(db))
+
+
 def _text(result: Any) -> str:
     return result if isinstance(result, str) else json.dumps(result)
 
@@ -108,7 +112,7 @@ class TelecomDomain:
         return [f for f in self.functions[side].values() if f.is_tool]
 
     def fresh_state(self) -> TelecomState:
-        st = TelecomState(copy.deepcopy(self.base_agent_db), copy.deepcopy(self.base_user_db))
+        st = TelecomState(_copy(self.base_agent_db), _copy(self.base_user_db))
         sync(st)
         return st
 
@@ -172,11 +176,11 @@ class TelecomDomain:
 
     def replay_task(self, task: dict) -> TaskReplay:
         st = self.initial_state(task)
-        agent0, user0 = copy.deepcopy(st.agent), copy.deepcopy(st.user)
+        agent0, user0 = _copy(st.agent), _copy(st.user)
         gold = gold_actions(task)
         errors = [k for k, a in enumerate(gold)
                   if not self.call(st, a["requestor"], a["name"], a["arguments"]).ok]
-        agent1, user1 = copy.deepcopy(st.agent), copy.deepcopy(st.user)
+        agent1, user1 = _copy(st.agent), _copy(st.user)
         return TaskReplay(agent_db_initial=agent0, user_db_initial=user0, agent_db=agent1,
                           user_db=user1, assertions=self.assertions(st, task), errors=errors)
 
