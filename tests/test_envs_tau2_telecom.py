@@ -324,3 +324,30 @@ def test_load_errors_name_the_file(tmp_path, shared_data):
     (root / "db.toml").write_text('[[phones]]\nx = 1\n')
     with pytest.raises(ValueError, match="unknown tables \\['phones'\\]"):
         tau2.load_domain(root)
+
+
+def test_llm_user_bad_phone_calls_and_round_limit(dom):
+    """Broken or unknown phone calls come back to the user as errors; after max_tool_rounds the
+    reply goes to the agent with its tool calls stripped."""
+    from orchestrax.envs.tau2.telecom_sim import TelecomLLMUser
+
+    task = dom.tasks[0]
+    ep = TelecomEpisode(dom, task)
+    script = iter(["<tool_call>{not json</tool_call>",
+                   '<tool_call>{"name": "refuel_data", "arguments": {}}</tool_call>',
+                   'Hello <tool_call>{"name": "toggle_data", "arguments": {}}</tool_call>'])
+
+    async def main():
+        async with ScriptedChatServer(lambda body: next(script)) as srv:
+            user = TelecomLLMUser(task, ChatEndpoint(base_url=srv.base_url, model="u"), ep,
+                                  max_tool_rounds=2)
+            return await user([{"role": "assistant", "content": "Hi!"}]), srv.requests
+
+    reply, requests = asyncio.run(main())
+    assert reply.text == "Hello" and not reply.stop
+    responses = [r["messages"][-1]["content"] for r in requests[1:]]
+    assert "Error: not a tool call" in responses[0]
+    assert "Error: no phone tool 'refuel_data'" in responses[1]
+    assert ep.calls == []  # neither reached the phone; the third round's call was not run
+    with pytest.raises(ValueError, match="max_tool_rounds=-1"):
+        TelecomLLMUser(task, ChatEndpoint(base_url="http://x", model="u"), ep, max_tool_rounds=-1)
