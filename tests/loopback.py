@@ -1,9 +1,13 @@
-"""A real aiohttp server on 127.0.0.1 with an OS-picked port, for tests of HTTP clients."""
+"""Real aiohttp servers on 127.0.0.1 with an OS-picked port, for tests of HTTP clients: any app
+(`serve_app`), or a scripted OpenAI-compatible chat server (`ScriptedChatServer`) for the judge
+and user-simulator clients."""
 
 import contextlib
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
+
+Responder = Callable[[dict[str, Any]], "str | tuple[int, str]"]
 
 
 @contextlib.asynccontextmanager
@@ -17,3 +21,42 @@ async def serve_app(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     finally:
         await runner.cleanup()
+
+
+class ScriptedChatServer:
+    """`async with ScriptedChatServer(fn) as srv:` serves POST /v1/chat/completions at
+    `srv.base_url` (ending in /v1). `fn(request_body)` returns the reply text, or
+    `(status, body)` to answer with an HTTP error. Every request body is kept in `srv.requests`."""
+
+    def __init__(self, respond: Responder):
+        self.respond = respond
+        self.requests: list[dict[str, Any]] = []
+        self._served: contextlib.AsyncExitStack | None = None
+        self.base_url = ""
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        out = self.respond(body)
+        if isinstance(out, tuple):
+            return web.Response(status=out[0], text=out[1])
+        prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        return web.json_response({
+            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion",
+            "model": body.get("model", ""),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": out}}],
+            # a rough token count: the server is a fixture, not a tokenizer
+            "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(out) // 4,
+                      "total_tokens": prompt_chars // 4 + len(out) // 4}})
+
+    async def __aenter__(self) -> "ScriptedChatServer":
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._served = contextlib.AsyncExitStack()
+        self.base_url = await self._served.enter_async_context(serve_app(app)) + "/v1"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._served is not None
+        await self._served.aclose()

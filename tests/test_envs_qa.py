@@ -13,7 +13,7 @@ from orchestrax.data.records import Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.envs.qa import QAConfig, QAEnv, default_grader, load_jsonl
 from orchestrax.envs.qa_grading import exact_match, last_boxed, math_match, normalize_answer, parse_verdict
-from orchestrax.envs.testing import ScriptedChatServer
+from loopback import ScriptedChatServer
 
 SHIPPED = {"aime_2024_2025": 60, "frames_824": 824, "musique_500": 500, "bamboogle_125": 125}
 

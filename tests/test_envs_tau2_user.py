@@ -16,7 +16,7 @@ from orchestrax.tools.chat_client import ChatEndpoint, ChatError, chat as chat_c
 from orchestrax.envs.tau2.env import Tau2Env
 from orchestrax.envs.tau2.user import GREETING, LLMUser, ScriptedUser, flip_roles, render_scenario
 from orchestrax.envs.tau2.verify import gold_actions
-from orchestrax.envs.testing import ScriptedChatServer
+from loopback import ScriptedChatServer
 
 
 @pytest.fixture(scope="module")

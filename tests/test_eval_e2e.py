@@ -12,7 +12,7 @@ import pytest
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.cli import main as cli
-from orchestrax.envs.testing import ScriptedChatServer
+from loopback import ScriptedChatServer
 from orchestrax.eval.core import evaluate
 from orchestrax.eval.metrics import summarize
 from orchestrax.eval.policy import ChatPolicy
