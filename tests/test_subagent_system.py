@@ -287,3 +287,19 @@ def test_orchestrator_sampler_failures_are_retried_then_end_the_query(tok):
     assert "output ids but" in short.trajectory.error
     with pytest.raises(ValueError, match="OrchestratorConfig.sampler_backoff_s=-1"):
         OrchestratorConfig(sampler_backoff_s=-1)
+
+
+def test_query_tools_keep_the_tasks_own_then_shared_then_attachments(tmp_path):
+    from orchestrax.agent.subagent import query_tools
+    own_file = FileReadTool([tmp_path / "own.txt"])
+    stranger = FileReadTool([], name="llm_expert")     # no sub-agent holds it
+    search = LocalSearchTool(SearchIndex([Passage(pid="1", title="t", text="x")],
+                                         bm25=BM25.build(["x"])))
+    plain = Task(task_id="a", messages=({"role": "user", "content": "q"},))
+    assert query_tools(plain, [own_file, stranger], [FileReadTool([]), search]) == [own_file,
+                                                                                     search]
+    attached = Task(task_id="b", messages=plain.messages,
+                    metadata={"attachments": [str(tmp_path / "t.csv")]})
+    got = query_tools(attached, [stranger], [search])
+    assert got[0] is search and [t.spec.name for t in got] == ["local_search", "read_file"]
+    assert list(got[1].files.values()) == [tmp_path / "t.csv"]

@@ -47,7 +47,8 @@ class EpisodeConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"EpisodeConfig.{name}={getattr(self, name)}; must be >= 1")
         if self.sampler_backoff_s < 0:
-            raise ValueError(f"EpisodeConfig.sampler_backoff_s={self.sampler_backoff_s}; must be >= 0")
+            raise ValueError(f"EpisodeConfig.sampler_backoff_s={self.sampler_backoff_s}; "
+                             "must be >= 0")
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError("EpisodeConfig.sampling must be a SamplingParams")
 

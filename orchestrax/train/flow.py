@@ -20,8 +20,8 @@ import numpy as np
 
 from orchestrax import rl
 from orchestrax.agent.subagent import (ROLES, OrchestratorConfig, SubAgentConfig,
-                                       SubagentRollout, build_subagents, holdable, run_query,
-                                       thinking_flags)
+                                       SubagentRollout, build_subagents, holdable, query_tools,
+                                       run_query, thinking_flags)
 from orchestrax.data.records import Task
 from orchestrax.train import batching
 from orchestrax.train.agent_config import AgentConfig
@@ -172,18 +172,10 @@ class FlowRunner:
         self.agent_names = [n for n in ROLES if n not in a.exclude]
         self.max_turn_tokens = a.train_turn_tokens or r.context_tokens
 
-    def tools_for(self, task: Task) -> list:
-        from orchestrax.agent.subagent import FileReadTool
-        files = task.metadata.get("attachments") or ()
-        tools = {t.spec.name: t for t in holdable(self.env.tools(task))}  # the task's own win
-        for tool in [*self.tools, *([FileReadTool(files)] if files else [])]:
-            tools.setdefault(tool.spec.name, tool)
-        return list(tools.values())
-
     async def play(self, task: Task, sampling) -> tuple[SubagentRollout, float]:
-        agents = build_subagents(self.tools_for(task), self.subagent_sampler, self.codec,
-                                 self.subagent, executor=self.executor,
-                                 exclude=self.cfg.agent.exclude)
+        agents = build_subagents(query_tools(task, self.env.tools(task), self.tools),
+                                 self.subagent_sampler, self.codec, self.subagent,
+                                 executor=self.executor, exclude=self.cfg.agent.exclude)
         config = dataclasses.replace(self.orchestrator, sampling=sampling)
         rollout = await run_query(task, agents, self.sampler, self.codec, config)
         return rollout, await self.env.verify(task, rollout.trajectory)

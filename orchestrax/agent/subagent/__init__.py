@@ -7,11 +7,12 @@ from orchestrax.agent.subagent.memory import Memory, MemoryLimits, orchestrator_
 from orchestrax.agent.subagent.orchestrator import (THINKING, OrchestratorConfig, SubagentRollout,
                                                     TurnSample, run_query, thinking_flags)
 from orchestrax.agent.subagent.roles import (ROLES, SubAgent, SubAgentConfig, SubAgentReport,
-                                             assign_tools, build_subagents, holdable)
+                                             assign_tools, build_subagents, holdable,
+                                             query_tools)
 
 __all__ = [
     "FileReadTool", "Memory", "MemoryLimits", "ModelCall", "OrchestratorConfig", "QueryAccount",
     "ROLES", "SubAgent", "SubAgentConfig", "SubAgentReport", "SubagentRollout", "THINKING",
     "TurnSample", "assign_tools", "build_subagents", "holdable", "orchestrator_messages", "render",
-    "run_query", "thinking_flags",
+    "query_tools", "run_query", "thinking_flags",
 ]

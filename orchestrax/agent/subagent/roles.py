@@ -17,6 +17,7 @@ from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.subagent.accounting import ModelCall, priced_call
+from orchestrax.agent.subagent.files import FileReadTool
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.rollout.base import Sampler, SamplingParams
 from orchestrax.tools.base import Pricing, Tool, ToolSpec
@@ -56,6 +57,17 @@ def holdable(tools: Sequence[Tool]) -> list[Tool]:
     """The tools some sub-agent can hold; the rest (LLM-as-tool, domain functions) have no place
     in sub-agent mode, where the orchestrator itself calls no tool."""
     return [t for t in tools if any(t.spec.name in r.tool_names for r in ROLES.values())]
+
+
+def query_tools(task: Task, own: Sequence[Tool], shared: Sequence[Tool] = ()) -> list[Tool]:
+    """The tools one query's sub-agents hold, one per name: the task's `own` holdable tools,
+    then the `shared` ones it does not already name (the task's own win), then `read_file` over
+    the task's attachments (metadata["attachments"]) if it has any."""
+    files = task.metadata.get("attachments") or ()
+    tools = {t.spec.name: t for t in holdable(own)}
+    for tool in [*shared, *([FileReadTool(files)] if files else [])]:
+        tools.setdefault(tool.spec.name, tool)
+    return list(tools.values())
 
 
 def assign_tools(tools: Sequence[Tool]) -> dict[str, list[Tool]]:
