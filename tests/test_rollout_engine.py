@@ -191,11 +191,14 @@ def test_bad_requests_are_refused_naming_the_field(params):
         ContinuousEngine(CFG, params, max_batch=0)
 
 
-def test_one_decode_compile_and_one_prefill_compile_per_chunk_bucket(params, monkeypatch):
+def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucket(params, monkeypatch):
     cfg = CFG.replace(num_layers=1)   # a config no other test compiled for
     p = models.init_params(cfg, 1)
+    # S buckets 32, 64 and 128 (max_len): at most three decode traces.
+    spans = []
     monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
-        chex.assert_max_traces(engine_mod._decode_impl, n=1), ("cfg", "n_steps", "n_top")))
+        chex.assert_max_traces(engine_mod._decode_impl, n=3), ("cfg", "n_steps", "n_top",
+                                                                "span")))
     # Chunk buckets 16 and 32 (prompts of 3..70 tokens, 32-token chunks): two prefill traces.
     monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
         chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=2), ("cfg", "n_top")))
@@ -203,8 +206,12 @@ def test_one_decode_compile_and_one_prefill_compile_per_chunk_bucket(params, mon
     results = []
     for i, (n, new) in enumerate([(3, 5), (70, 9), (16, 2), (31, 11), (12, 1), (50, 4)]):
         eng.submit(req(n, 70 + i, new=new, t=0.5 * (i % 3), sampling_seed=i))
+        spans.append(eng.span())
         results += eng.step()
-    results += eng.run()
+    while eng.busy:
+        spans.append(eng.span())
+        results += eng.step()
+    assert {32, 128} <= set(spans)
     assert sorted(len(r.output_ids) for r in results) == [1, 2, 4, 5, 9, 11]
 
 

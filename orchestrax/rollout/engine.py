@@ -20,8 +20,9 @@ bandwidth, is what limits the slot count.
 The model is reused unchanged: one row's `models.forward_with_cache` (batch 1, scalar index)
 is vmapped over the slot axis, so each row writes at its own index and positions continue from
 its own count of real tokens. Exactly two jitted functions run: `_prefill_chunk` (one compile
-per chunk-size bucket) and `_decode` (one compile per engine: S = `max_len`), asserted by
-tests with `chex.assert_max_traces`.
+per chunk-size bucket) and `_decode` (one compile per S bucket: it reads and writes only the
+first `span` positions of every slot, the smallest power-of-two bucket that holds the longest
+occupied row), asserted by tests with `chex.assert_max_traces`.
 
 Sampling follows `rollout.sampling` (temperature, top-k/top-p, penalties), with one difference
 that matters here: the draw for a row's j-th output token uses key fold_in(key(seed), j), j
@@ -168,11 +169,17 @@ def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot
 
 
 def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax.Array, *,
-            n_steps: int, n_top: int) -> tuple[SlotState, Steps]:
+                 n_steps: int, n_top: int, span: int) -> tuple[SlotState, Steps]:
     """`n_steps` decode steps for every live row; rows with keep_R False (aborted) stop first.
-    Each step feeds a row's last token at the row's own index and samples the next one."""
+    Each step feeds a row's last token at the row's own index and samples the next one.
+
+    Only the first `span` cache positions are read and written (the caller's S bucket: every
+    occupied slot's index + n_steps fits in it), so a step's attention costs what the longest
+    row needs, not `max_len`."""
     r = s.token_R.shape[0]
-    s = s._replace(live_R=s.live_R & keep_R)
+    full = s
+    s = s._replace(live_R=s.live_R & keep_R, k=s.k[:, :, :span], v=s.v[:, :, :span],
+                   mask_RS=s.mask_RS[:, :span])
     rows_forward = jax.vmap(functools.partial(_row_forward, cfg, params),
                             in_axes=(0, 0, 1, 1, 0, 0), out_axes=(0, 1, 1, 0, 0))
     one_R1 = jnp.ones((r, 1), jnp.bool_)
@@ -196,6 +203,8 @@ def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax
         return s, Steps(token_R, logprob_R, live_R, stop_R & live_R, top_ids, top_lp)
 
     s, out = jax.lax.scan(step, s, None, length=n_steps)
+    s = s._replace(k=full.k.at[:, :, :span].set(s.k), v=full.v.at[:, :, :span].set(s.v),
+                   mask_RS=full.mask_RS.at[:, :span].set(s.mask_RS))
     # scan stacks along a leading N axis: [N, R, ...] -> [R, N, ...]
     return s, Steps(*(jnp.swapaxes(x, 0, 1) for x in out))
 
@@ -206,7 +215,7 @@ def _jit(impl, static):
 
 
 _prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top"))
-_decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top"))
+_decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top", "span"))
 
 
 # --- host side --------------------------------------------------------------------------------
@@ -377,6 +386,20 @@ class ContinuousEngine:
             by_rid[res.rid] = res
         return [by_rid[rid] for rid in rids]
 
+    def span(self) -> int:
+        """The S bucket of the next decode dispatch: a power of two times 2 * min_chunk (capped
+        at max_len) that holds every occupied slot's filled positions plus `decode_steps`."""
+        need = 1
+        for job in self._slots:
+            if job is None:
+                continue
+            if job.next_chunk * job.chunk < len(job.padded_ids):   # mid-prefill
+                index = job.next_chunk * job.chunk
+            else:                  # the last recorded token is fed at this position
+                index = len(job.padded_ids) + len(job.ids) - 1
+            need = max(need, index + self.decode_steps)
+        return bucket(need, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
+
     # --- internals -----------------------------------------------------------------------------
     def _padded_len(self, n: int) -> int:
         if n <= self.prefill_chunk:
@@ -416,7 +439,8 @@ class ContinuousEngine:
     def _decode_once(self, finished: list[GenerateResult]) -> None:
         keep = np.asarray([j is not None for j in self._slots])
         self._state, steps = _decode(self.cfg, self.params, self._state, keep,
-                                     n_steps=self.decode_steps, n_top=self.top_logprobs)
+                                     n_steps=self.decode_steps, n_top=self.top_logprobs,
+                                     span=self.span())
         self.stats["decode_dispatches"] += 1
         steps, live = jax.device_get((steps, self._state.live_R))
         for slot, job in enumerate(self._slots):
