@@ -261,7 +261,8 @@ def main() -> None:
     print(f"bench/gpu.py on {kind}{' (smoke)' if args.smoke else ''}, {total:.0f} s")
     for r in rows:
         print("  " + describe(r))
-    line = (f"- {datetime.date.today().isoformat()} gpu ({kind}{', smoke: tiny presets' if args.smoke else ''}; "
+    what = f"{kind}, smoke: tiny presets" if args.smoke else kind
+    line = (f"- {datetime.date.today().isoformat()} gpu ({what}; "
             f"{total:.0f} s): " + "; ".join(describe(r) for r in rows)
             + f" (python bench/gpu.py{' --smoke' if args.smoke else ''})")
     with open(args.results, "a") as f:

@@ -191,7 +191,7 @@ def test_bad_requests_are_refused_naming_the_field(params):
         ContinuousEngine(CFG, params, max_batch=0)
 
 
-def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucket(params, monkeypatch):
+def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucket(monkeypatch):
     cfg = CFG.replace(num_layers=1)   # a config no other test compiled for
     p = models.init_params(cfg, 1)
     # S buckets 32, 64 and 128 (max_len): at most three decode traces.
