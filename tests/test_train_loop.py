@@ -80,7 +80,8 @@ def test_init_from_starts_rl_from_another_runs_params(tmp_path):
     _, meta = Checkpointer(tmp_path / "warm" / "checkpoints", every=0).restore(
         _abstract_state(warm))
     assert (meta["phase"], meta["step"]) == ("sft", 4)
-    assert meta["metrics_rows"] == len((tmp_path / "warm" / "metrics.jsonl").read_text().splitlines())
+    rows = len((tmp_path / "warm" / "metrics.jsonl").read_text().splitlines())
+    assert 0 < meta["metrics_rows"] <= rows
     rl_cfg = dataclasses.replace(tiny_run(tmp_path / "rl", steps=1, sft_steps=0),
                                  init_from=str(tmp_path / "warm"))
     history = train(rl_cfg)
