@@ -2,7 +2,10 @@
 (`serve_app`), or a scripted OpenAI-compatible chat server (`ScriptedChatServer`) for the judge
 and user-simulator clients."""
 
+import asyncio
 import contextlib
+import socket
+import sys
 from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
@@ -60,3 +63,20 @@ class ScriptedChatServer:
     async def __aexit__(self, *exc: Any) -> None:
         assert self._served is not None
         await self._served.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_tiny_server(port: int, *, timeout_s: float = 180) -> asyncio.subprocess.Process:
+    """`orchestrax serve --tiny` in a subprocess, returned once it prints that it listens."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrax.cli", "serve", "--tiny", "--port", str(port),
+        "--max-len", "256", "--max-batch", "16", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout=timeout_s)
+    assert b"listening" in line, line
+    return proc

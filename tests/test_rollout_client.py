@@ -2,10 +2,9 @@
 token-in/token-out episodes keep going when one server is SIGKILLed mid-batch."""
 
 import asyncio
-import socket
-import sys
 
 import pytest
+from loopback import free_port, start_tiny_server
 
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.sglang_client import (SamplerUnavailable, SGLangClient,
@@ -14,20 +13,6 @@ from orchestrax.rollout.sglang_client import (SamplerUnavailable, SGLangClient,
 TOOL_RESPONSE_IDS = (10, 11, 12, 13)  # stands in for a tool-response block appended with mask 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def start_server(port: int) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrax.cli", "serve", "--tiny", "--port", str(port),
-        "--max-len", "256", "--max-batch", "16", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL)
-    line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
-    assert b"listening" in line, line
-    return proc
 
 
 async def episode(client: SGLangClient, i: int, turns: int) -> tuple[list[int], list[int], list]:
@@ -48,7 +33,7 @@ async def episode(client: SGLangClient, i: int, turns: int) -> tuple[list[int], 
 def test_episodes_survive_a_server_killed_mid_batch():
     async def main():
         ports = [free_port(), free_port()]
-        procs = await asyncio.gather(*(start_server(p) for p in ports))
+        procs = await asyncio.gather(*(start_tiny_server(p) for p in ports))
         try:
             cfg = SGLangClientConfig(urls=tuple(f"http://127.0.0.1:{p}" for p in ports),
                                      health_interval_s=0.2, retry_backoff_s=0.01)

@@ -6,13 +6,11 @@ bound a batch of calls."""
 
 import asyncio
 import itertools
-import socket
-import sys
 
 import aiohttp
 import pytest
 from aiohttp import web
-from loopback import serve_app
+from loopback import free_port, serve_app, start_tiny_server
 
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
@@ -22,20 +20,6 @@ from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 TOOL_IDS = (10, 11, 12, 13)   # stands in for a tool response appended with loss mask 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def start_server(port: int) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrax.cli", "serve", "--tiny", "--port", str(port),
-        "--max-len", "256", "--max-batch", "16", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL)
-    line = await asyncio.wait_for(proc.stdout.readline(), timeout=180)
-    assert b"listening" in line, line
-    return proc
 
 
 def fault_proxy(upstream: str, faults, delay_s: float = 0.0):
@@ -96,7 +80,7 @@ def test_a_step_survives_500s_truncated_json_a_kill_and_a_slow_server():
 
     async def main():
         ports = [free_port(), free_port()]
-        procs = await asyncio.gather(*(start_server(p) for p in ports))
+        procs = await asyncio.gather(*(start_tiny_server(p) for p in ports))
         faults_a = iter([500, "truncate", "drop"])
         app_a, seen_a = fault_proxy(f"http://127.0.0.1:{ports[0]}", faults_a)
         app_b, seen_b = fault_proxy(f"http://127.0.0.1:{ports[1]}", iter(()), delay_s=0.2)

@@ -25,6 +25,7 @@ import numpy as np
 from orchestrax import models
 from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
                                      TopLogprobs)
+from orchestrax.rollout.validate import request_ids_error
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
 
 
@@ -97,17 +98,9 @@ class EmbeddedSampler:
     def admit_error(self, r: GenerateRequest) -> str | None:
         """Why this sampler cannot run `r` (naming the field), or None. `generate` raises it as a
         ValueError before anything is queued."""
-        n = len(r.input_ids)
-        if n < 1 or n >= self.max_len:
-            return (f"input_ids has {n} tokens; must be in [1, max_len={self.max_len}) "
-                    f"(the server's context length)")
-        v = self.cfg.vocab_size
-        bad = [t for t in r.input_ids if not 0 <= t < v]
-        if bad:
-            return f"input_ids holds {bad[:5]} outside the vocabulary [0, {v})"
-        bad = [t for t in r.sampling.stop_token_ids if not 0 <= t < v]
-        if bad:
-            return f"stop_token_ids holds {bad[:5]} outside the vocabulary [0, {v})"
+        error = request_ids_error(r, vocab_size=self.cfg.vocab_size, max_len=self.max_len)
+        if error:
+            return error
         if r.top_logprobs > MAX_TOP_LOGPROBS:
             return f"top_logprobs={r.top_logprobs}; must be in [0, {MAX_TOP_LOGPROBS}]"
         return None

@@ -45,6 +45,7 @@ from orchestrax import models
 from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
                                      TopLogprobs)
 from orchestrax.rollout.sampling import apply_penalties, filter_top_k_top_p
+from orchestrax.rollout.validate import request_ids_error
 
 MAX_STOP_IDS = 64   # stop ids per request (the server's ServeLimits.max_stop)
 
@@ -284,22 +285,16 @@ class ContinuousEngine:
     # --- public API ----------------------------------------------------------------------------
     def admit_error(self, r: GenerateRequest) -> str | None:
         """Why this engine cannot run `r` (naming the field), or None."""
-        n = len(r.input_ids)
-        if n < 1 or n >= self.max_len:
-            return f"input_ids has {n} tokens; must be in [1, max_len={self.max_len})"
-        v = self.cfg.vocab_size
-        bad = [t for t in r.input_ids if not 0 <= t < v]
-        if bad:
-            return f"input_ids holds {bad[:5]} outside the vocabulary [0, {v})"
-        bad = [t for t in r.sampling.stop_token_ids if not 0 <= t < v]
-        if bad:
-            return f"stop_token_ids holds {bad[:5]} outside the vocabulary [0, {v})"
+        error = request_ids_error(r, vocab_size=self.cfg.vocab_size, max_len=self.max_len)
+        if error:
+            return error
         if len(r.sampling.stop_token_ids) > MAX_STOP_IDS:
             return (f"stop_token_ids has {len(r.sampling.stop_token_ids)} ids; at most "
                     f"{MAX_STOP_IDS}")
         if not 0 <= r.top_logprobs <= self.top_logprobs:
             return (f"top_logprobs={r.top_logprobs}; this engine reports at most "
                     f"{self.top_logprobs} (ContinuousEngine.top_logprobs)")
+        n = len(r.input_ids)
         if self._padded_len(n) >= self.max_len:
             return (f"input_ids has {n} tokens, {self._padded_len(n)} once padded to whole "
                     f"prefill chunks; leaves no room to generate in max_len={self.max_len}")

@@ -86,3 +86,16 @@ def optional(body: dict, key: str, check, default: Any, *args: Any, name: str | 
     """`check(body[key], name, ...)`, or `default` when the key is absent or null."""
     value = body.get(key)
     return default if value is None else check(value, name or key, *args, **kw)
+
+
+def request_ids_error(r: Any, *, vocab_size: int, max_len: int) -> str | None:
+    """What every sampler refuses in a `GenerateRequest`'s ids (naming the field), or None."""
+    n = len(r.input_ids)
+    if n < 1 or n >= max_len:
+        return (f"input_ids has {n} tokens; must be in [1, max_len={max_len}) "
+                "(the server's context length)")
+    for name, ids in (("input_ids", r.input_ids), ("stop_token_ids", r.sampling.stop_token_ids)):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            return f"{name} holds {bad[:5]} outside the vocabulary [0, {vocab_size})"
+    return None
