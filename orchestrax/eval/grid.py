@@ -19,7 +19,9 @@ from typing import Any, Sequence
 
 from orchestrax.agent.subagent import THINKING, thinking_flags
 from orchestrax.eval import report
+from orchestrax.eval.policy import Policy
 from orchestrax.eval.subagent import ABLATIONS, SubagentOptions
+from orchestrax.eval.suite import EvalRun, run_eval
 from orchestrax.tools.base import Pricing
 
 AGENTS = ("direct", "subagent")
@@ -61,14 +63,12 @@ def grid_points(agents: str, thinking: str, ablations: str = "none") -> list[Gri
     return out
 
 
-async def run_grid(policy: Any, run: Any, points: Sequence[GridPoint], *,
+async def run_grid(policy: Policy, run: EvalRun, points: Sequence[GridPoint], *,
                    subagent_policy: Any = None, subagent_pricing: Pricing | None = None
                    ) -> dict[str, Any]:
-    """`run`: the `eval.main.EvalRun` every point starts from; `subagent_policy` and
+    """`run`: the `EvalRun` every point starts from; `subagent_policy` and
     `subagent_pricing`: the sub-agents' model and its price (None: the orchestrator's, free).
     Returns a payload shaped like `run_eval`'s, with rows (and records) labelled by point."""
-    from orchestrax.eval.main import run_eval
-
     rows, records, created = [], {}, None
     for point in points:
         episode = dataclasses.replace(run.cfg.episode,

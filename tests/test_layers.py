@@ -1,0 +1,168 @@
+"""The layers of DESIGN.md, checked on the source: no import cycle between modules, no import from
+a lower package to a higher one, and no module that nothing reaches.
+
+Imports are read from the AST of every file, function bodies and `if TYPE_CHECKING:` blocks
+included (a lazy or type-only import still ties two layers together), relative imports resolved."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "orchestrax"
+ROOT = PKG.parent
+
+# package -> the packages it may import (besides itself). Lower layers first; read off the
+# "must not know about" column of DESIGN.md's layer table. `eval` is not in that table: it measures
+# a trained policy, so it sits beside `train` and may use it; only the CLI sits above both.
+ALLOWED = {
+    "parallel": set(),                          # not the models' internals
+    "models": {"parallel"},                     # not RL, not tools
+    "rl": {"models", "parallel"},               # not HTTP, not tools
+    "tools": set(),                             # not the policy
+    "data": {"tools"},                          # not models (tool-config randomisation: tools)
+    "rollout": {"models", "parallel"},          # not reward math
+    "agent": {"data", "rollout", "tools"},      # not how a sampler is implemented: see NARROW
+    "envs": {"agent", "data", "tools"},         # not the trainer
+    "train": {"agent", "data", "envs", "models", "parallel", "rl", "rollout", "tools"},
+    "eval": {"agent", "data", "envs", "models", "parallel", "rl", "rollout", "tools", "train"},
+    "cli": {"eval", "rollout", "train"},
+}
+# (package, package it imports) -> the only modules it may import there: the agent layer knows
+# the sampler interface, never a sampler implementation (DESIGN.md: agent must not know "how a
+# sampler is implemented").
+NARROW = {("agent", "rollout"): {"orchestrax.rollout.base"}}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _absolute(node: ast.ImportFrom, path: pathlib.Path) -> str:
+    """The module `from ... import` names; `from .x import y` is resolved against `path`."""
+    if node.level == 0:
+        return node.module or ""
+    package = list(path.relative_to(ROOT).with_suffix("").parts)[:-1]  # the file's own package
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """orchestrax modules named by any import statement in the file (function bodies included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(node, path)
+            for alias in node.names:  # `from a.b import c` names module a.b.c, or a name in a.b
+                sub = f"{module}.{alias.name}"
+                found.add(sub if sub in MODULES else module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    resolved = set()
+    for name in found:
+        while name not in MODULES and "." in name:
+            name = name.rsplit(".", 1)[0]
+        if name in MODULES and name != "orchestrax":
+            resolved.add(name)
+    return resolved
+
+
+GRAPH = {m: _imports(p) - {m} for m, p in MODULES.items()}
+# What users run: the console script, `python -m` modules, operator scripts, benchmarks and the
+# config files `--config` loads. Tests are not users: a module only tests import belongs in tests/.
+ENTRY_POINTS = {"orchestrax.cli", "orchestrax.train.demo"}.union(
+    *(_imports(p) for d in ("scripts", "bench", "configs") for p in (ROOT / d).glob("*.py")))
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for m in graph:
+        if m not in index:
+            visit(m)
+    return cycles
+
+
+def test_every_package_has_a_layer_and_the_layers_are_ordered():
+    packages = {_package(m) for m in MODULES if m != "orchestrax"}
+    assert packages == set(ALLOWED), (packages ^ set(ALLOWED), "add the package to ALLOWED")
+    assert _cycles({p: set(deps) for p, deps in ALLOWED.items()}) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_relative_imports_resolve_to_the_module_they_name():
+    path = PKG / "eval" / "grid.py"
+    nodes = ast.parse("from . import report\nfrom ..agent.subagent import x\n").body
+    assert [_absolute(n, path) for n in nodes] == ["orchestrax.eval", "orchestrax.agent.subagent"]
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    bad = sorted((a, b) for a, deps in GRAPH.items() for b in deps
+                 if a != "orchestrax" and _package(a) != _package(b)
+                 and _package(b) not in ALLOWED[_package(a)])
+    assert not bad, bad
+
+
+def test_narrow_interfaces_between_layers():
+    bad = sorted((a, b) for a, deps in GRAPH.items() for b in deps if a != "orchestrax"
+                 and (_package(a), _package(b)) in NARROW
+                 and b not in NARROW[_package(a), _package(b)])
+    assert not bad, bad
+
+
+def test_no_import_cycles():
+    cycles = _cycles(GRAPH)
+    assert not cycles, cycles
+
+
+def test_every_module_is_reached():
+    reached, todo = set(), list(ENTRY_POINTS)
+    while todo:
+        m = todo.pop()
+        if m in reached:
+            continue
+        reached.add(m)
+        todo.extend(GRAPH[m])
+        parts = m.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__
+        todo.extend(".".join(parts[:k]) for k in range(2, len(parts)) if ".".join(parts[:k]) in MODULES)
+    assert sorted(set(MODULES) - reached - {"orchestrax"}) == []
