@@ -20,6 +20,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--param-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="weights are cast to this once at load (auto: bfloat16 on GPU/TPU, "
+                        "float32 on CPU)")
+    p.add_argument("--engine", default="static", choices=("static", "continuous"),
+                   help="batcher: static batches, or continuous batching (requests join and "
+                        "leave between decode steps)")
     p.add_argument("--seed", type=int, default=0, help="--tiny init seed and sampler seed")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--served-model-name", default="orchestrax")
