@@ -53,10 +53,8 @@ async def run_direct(task: Task, env: Environment, policy: Policy, tools: Sequen
                      cfg: EvalConfig) -> EpisodeRecord:
     """The policy is the orchestrator: it sees `tools` and calls them itself. Conversational
     environments (tau2) get their simulated user, who opens the conversation."""
-    user = env.user_for(task) if hasattr(env, "user_for") else None
-    start = task
-    if user is not None and hasattr(env, "open"):
-        start = await env.open(task, user)
+    user = env.user_for(task)
+    start = task if user is None else await env.open(task, user)
     played = await policy.episode(start, tools, config=cfg.episode, user=user)
     traj = played.trajectory
     outcome = await env.verify(task, traj)
