@@ -210,3 +210,15 @@ def test_tau2_episode_through_eval_by_hand(shared_data):
     for a in gold:
         want[a["name"]] = want.get(a["name"], 0) + 1
     assert rec.calls == want
+
+
+def test_subagent_runner_refuses_a_chat_policy_by_its_type():
+    from orchestrax.eval.policy import ChatPolicy
+    from orchestrax.eval.subagent import run_subagent
+    from orchestrax.tools.chat_client import ChatEndpoint
+
+    ts = load_task_set("routing", OPTS)
+    chat = ChatPolicy(ChatEndpoint(base_url="http://127.0.0.1:9/v1", model="m"))
+    task = ts.tasks[0]
+    with pytest.raises(ValueError, match="policy 'm' is a ChatPolicy, not token-in/token-out"):
+        asyncio.run(run_subagent(task, ts.env, chat, ts.env.tools(task), cfg()))

@@ -12,10 +12,11 @@ import dataclasses
 from collections import Counter
 from typing import Any, Sequence
 
-from orchestrax.agent.subagent import (THINKING, FileReadTool, OrchestratorConfig, SubAgentConfig,
-                                       build_subagents, holdable, run_query, thinking_flags)
+from orchestrax.agent.subagent import (THINKING, OrchestratorConfig, SubAgentConfig,
+                                       build_subagents, query_tools, run_query, thinking_flags)
 from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
+from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.records import EpisodeRecord
 from orchestrax.tools.base import Pricing, Tool
 
@@ -47,9 +48,10 @@ class SubagentOptions:
 
 
 def _token_policy(policy: Any, what: str):
-    if not (hasattr(policy, "sampler") and hasattr(policy, "codec")):
-        raise ValueError(f"{what} {getattr(policy, 'name', policy)!r} is not token-in/token-out; "
-                         "sub-agent mode needs a run directory, an HF directory or sglang:URL")
+    if not isinstance(policy, TokenPolicy):
+        raise ValueError(f"{what} {getattr(policy, 'name', policy)!r} is a "
+                         f"{type(policy).__name__}, not token-in/token-out; sub-agent mode needs "
+                         "a run directory, an HF directory or sglang:URL (a TokenPolicy)")
     return policy.sampler, policy.codec
 
 
@@ -57,15 +59,14 @@ async def run_subagent(task: Task, env: Environment, policy: Any, tools: Sequenc
                        cfg: Any) -> EpisodeRecord:
     """One task in sub-agent mode. `cfg` is an `eval.runners.EvalConfig`: its episode settings
     bound the orchestrator (turns, tokens, sampling), `agent_options` the rest."""
-    opts = getattr(cfg, "agent_options", None) or SubagentOptions(
+    opts = cfg.agent_options or SubagentOptions(
         thinking="orchestrator" if cfg.episode.enable_thinking else "none")
     orch_think, sub_think = thinking_flags(opts.thinking)
     exclude, memory = ABLATIONS[opts.ablation]
     sampler, codec = _token_policy(policy, "policy")
     sub_sampler, sub_codec = (_token_policy(opts.subagent_policy, "subagent_policy")
                               if opts.subagent_policy is not None else (sampler, codec))
-    files = task.metadata.get("attachments") or ()
-    held = holdable(tools) + ([FileReadTool(files)] if files else [])
+    held = query_tools(task, tools)
     ep = cfg.episode
     agents = build_subagents(held, sub_sampler, sub_codec, SubAgentConfig(
         max_steps=opts.subagent_steps, max_new_tokens=opts.subagent_new_tokens,
