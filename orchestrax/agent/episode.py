@@ -20,6 +20,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 from orchestrax.agent import chat
+from orchestrax.agent.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser
@@ -42,13 +43,9 @@ class EpisodeConfig:
     sampler_backoff_s: float = 0.5
 
     def __post_init__(self):
-        for name in ("max_turns", "context_tokens", "max_new_tokens", "max_format_errors",
-                     "sampler_attempts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EpisodeConfig.{name}={getattr(self, name)}; must be >= 1")
-        if self.sampler_backoff_s < 0:
-            raise ValueError(f"EpisodeConfig.sampler_backoff_s={self.sampler_backoff_s}; "
-                             "must be >= 0")
+        at_least(self, 1, "max_turns", "context_tokens", "max_new_tokens", "max_format_errors",
+                 "sampler_attempts")
+        at_least(self, 0, "sampler_backoff_s")
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError("EpisodeConfig.sampling must be a SamplingParams")
 

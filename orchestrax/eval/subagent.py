@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from orchestrax.agent.subagent import (THINKING, OrchestratorConfig, SubAgentConfig,
                                        build_subagents, query_tools, run_query, thinking_flags)
+from orchestrax.agent.checks import at_least
 from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import TokenPolicy
@@ -42,9 +43,7 @@ class SubagentOptions:
         if self.ablation not in ABLATIONS:
             raise ValueError(f"SubagentOptions.ablation={self.ablation!r}; allowed: "
                              f"{sorted(ABLATIONS)}")
-        for name in ("subagent_steps", "subagent_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SubagentOptions.{name}={getattr(self, name)}; must be >= 1")
+        at_least(self, 1, "subagent_steps", "subagent_new_tokens")
 
 
 def _token_policy(policy: Any, what: str):

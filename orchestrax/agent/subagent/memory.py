@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from orchestrax.agent.checks import at_least
+
 GoalStatus = Literal["pending", "done", "failed"]
 
 
@@ -61,9 +63,7 @@ class MemoryLimits:
     result_chars: int = 400
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) < 16:
-                raise ValueError(f"MemoryLimits.{f.name}={getattr(self, f.name)}; must be >= 16")
+        at_least(self, 16, *(f.name for f in dataclasses.fields(self)))
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -18,6 +18,7 @@ import time
 from typing import Any, Literal, Mapping
 
 from orchestrax.agent import chat
+from orchestrax.agent.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import prompt_messages, sample_turn
 from orchestrax.agent.parser import ToolCallParser
@@ -64,13 +65,9 @@ class OrchestratorConfig:
     sampler_backoff_s: float = 0.5
 
     def __post_init__(self):
-        for name in ("max_turns", "max_new_tokens", "turn_tokens", "max_format_errors",
-                     "sampler_attempts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"OrchestratorConfig.{name}={getattr(self, name)}; must be >= 1")
-        if self.sampler_backoff_s < 0:
-            raise ValueError(f"OrchestratorConfig.sampler_backoff_s={self.sampler_backoff_s}; "
-                             "must be >= 0")
+        at_least(self, 1, "max_turns", "max_new_tokens", "turn_tokens", "max_format_errors",
+                 "sampler_attempts")
+        at_least(self, 0, "sampler_backoff_s")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from typing import Mapping, Sequence
 
+from orchestrax.agent.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
@@ -93,9 +94,7 @@ class SubAgentConfig:
     pricing: Pricing | None = None     # per-token price of the sub-agents' model, if priced
 
     def __post_init__(self):
-        for name in ("max_steps", "max_new_tokens", "context_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SubAgentConfig.{name}={getattr(self, name)}; must be >= 1")
+        at_least(self, 1, "max_steps", "max_new_tokens", "context_tokens")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
