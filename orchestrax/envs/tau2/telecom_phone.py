@@ -8,6 +8,8 @@ The tools the simulated user calls are in `telecom_user`.
 from __future__ import annotations
 
 import copy
+import dataclasses
+from typing import Callable
 
 from orchestrax.envs.tau2.telecom_db import DEFAULT_VPN, PERMISSIONS, TelecomState
 
@@ -157,21 +159,46 @@ def flip_airplane(st: TelecomState) -> bool:
     return turning_on
 
 
-def toggle(st: TelecomState, field: str, search: bool) -> bool:
-    st.device[field] = not st.device[field]
-    if search:
-        network_search(st)
-    return st.device[field]
+def _flip_field(field: str, search: bool) -> Callable[[TelecomState], bool]:
+    def flip(st: TelecomState) -> bool:
+        st.device[field] = not st.device[field]
+        if search:
+            network_search(st)
+        return st.device[field]
+    return flip
 
 
-def set_by_toggling(st: TelecomState, field: str, want: bool, search: bool) -> None:
-    """The benchmark's turn_*_on/off: toggle, and toggle back if that went the wrong way."""
-    if toggle(st, field, search) != want:
-        toggle(st, field, search)
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """An on/off setting of the phone. `flip(st)` flips it, lets the phone react (re-register,
+    drop Wi-Fi) and returns the new value; `label` is what the phone calls it on screen."""
+
+    label: str
+    flip: Callable[[TelecomState], bool]
+
+
+# The benchmark's one-tap switches: the user's toggle_<key> tools and the turn_<key>_on/off
+# setup functions are all made from this table.
+SWITCHES: dict[str, Switch] = {
+    "airplane_mode": Switch("Airplane Mode", flip_airplane),
+    "data": Switch("Mobile Data", _flip_field("data_enabled", search=True)),
+    "roaming": Switch("Data Roaming", _flip_field("roaming_enabled", search=True)),
+    "data_saver_mode": Switch("Data Saver Mode", _flip_field("data_saver_mode", search=False)),
+    "wifi_calling": Switch("Wi-Fi Calling", _flip_field("wifi_calling_enabled", search=False)),
+}
 
 
 def on_off(flag: bool) -> str:
     return "ON" if flag else "OFF"
+
+
+def turn(st: TelecomState, switch: str, want: bool) -> str:
+    """The benchmark's turn_<switch>_on/off: flip, and flip back if that went the wrong way (so
+    the phone reacts twice, as there)."""
+    sw = SWITCHES[switch]
+    if sw.flip(st) != want:
+        sw.flip(st)
+    return f"{sw.label} is now {on_off(want)}."
 
 
 def set_permission(st: TelecomState, app_name: str, permission: str, value: bool) -> tuple[bool, str]:
@@ -200,18 +227,6 @@ def simulate_network_search(st: TelecomState, a: dict) -> None:
     network_search(st)
 
 
-def turn_airplane_mode_on(st: TelecomState, a: dict) -> str:
-    if not flip_airplane(st):
-        flip_airplane(st)
-    return "Airplane Mode is now ON."
-
-
-def turn_airplane_mode_off(st: TelecomState, a: dict) -> str:
-    if flip_airplane(st):
-        flip_airplane(st)
-    return "Airplane Mode is now OFF."
-
-
 def unseat_sim_card(st: TelecomState, a: dict) -> str:
     st.device["sim_card_missing"] = True
     network_search(st)
@@ -225,33 +240,15 @@ def lock_sim_card(st: TelecomState, a: dict) -> str:
 
 
 def turn_data_on(st: TelecomState, a: dict) -> str:
-    st.device["data_enabled"] = True  # no network search, as in the benchmark
-    return "Mobile data is ON."
+    # the one turn_* that sets rather than flips: no network search, as in the benchmark
+    st.device["data_enabled"] = True
+    return "Mobile Data is now ON."
 
 
-def turn_data_off(st: TelecomState, a: dict) -> str:
-    set_by_toggling(st, "data_enabled", False, search=True)
-    return "Mobile data is OFF."
-
-
-def turn_roaming_on(st: TelecomState, a: dict) -> str:
-    set_by_toggling(st, "roaming_enabled", True, search=True)
-    return "Data Roaming is ON."
-
-
-def turn_roaming_off(st: TelecomState, a: dict) -> str:
-    set_by_toggling(st, "roaming_enabled", False, search=True)
-    return "Data Roaming is OFF."
-
-
-def turn_data_saver_mode_on(st: TelecomState, a: dict) -> str:
-    set_by_toggling(st, "data_saver_mode", True, search=False)
-    return "Data Saver Mode is ON."
-
-
-def turn_data_saver_mode_off(st: TelecomState, a: dict) -> str:
-    set_by_toggling(st, "data_saver_mode", False, search=False)
-    return "Data Saver Mode is OFF."
+# The other turn_<switch>_on/off setup functions: `turn` over SWITCHES (named in telecom_user).
+TURNS: tuple[tuple[str, bool], ...] = (
+    ("airplane_mode", True), ("airplane_mode", False), ("data", False), ("roaming", True),
+    ("roaming", False), ("data_saver_mode", True), ("data_saver_mode", False))
 
 
 def break_apn_settings(st: TelecomState, a: dict) -> str:

@@ -9,10 +9,10 @@ from orchestrax.envs.tau2.db import Rejected
 from orchestrax.envs.tau2.functions import obj, s
 from orchestrax.envs.tau2.telecom_db import APN_DEFAULTS, TelecomFunction, TelecomState
 from orchestrax.envs.tau2 import telecom_phone as phone
-from orchestrax.envs.tau2.telecom_phone import (MODES, NETWORK_STATUSES, SPEED_ADVICE, dial_vpn,
-                                                drop_vpn, flip_airplane, mms_works, network_search,
-                                                on_off, set_permission, sim_status, speed,
-                                                status_bar, toggle, wifi_off, with_bar)
+from orchestrax.envs.tau2.telecom_phone import (MODES, NETWORK_STATUSES, SPEED_ADVICE, SWITCHES,
+                                                TURNS, dial_vpn, drop_vpn, mms_works,
+                                                network_search, on_off, set_permission, sim_status,
+                                                speed, status_bar, turn, wifi_off, with_bar)
 
 
 # ---- tools --------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def run_speed_test(st: TelecomState, a: dict) -> str:
 
 
 def toggle_airplane_mode(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Airplane Mode is now {on_off(flip_airplane(st))}.")
+    return with_bar(st, f"Airplane Mode is now {on_off(SWITCHES['airplane_mode'].flip(st))}.")
 
 
 def check_sim_status(st: TelecomState, a: dict) -> str:
@@ -74,11 +74,11 @@ def reseat_sim_card(st: TelecomState, a: dict) -> str:
 
 
 def toggle_data(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Mobile Data is now {on_off(toggle(st, 'data_enabled', True))}.")
+    return with_bar(st, f"Mobile Data is now {on_off(SWITCHES['data'].flip(st))}.")
 
 
 def toggle_roaming(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Data Roaming is now {on_off(toggle(st, 'roaming_enabled', True))}.")
+    return with_bar(st, f"Data Roaming is now {on_off(SWITCHES['roaming'].flip(st))}.")
 
 
 def check_data_restriction_status(st: TelecomState, a: dict) -> str:
@@ -86,7 +86,7 @@ def check_data_restriction_status(st: TelecomState, a: dict) -> str:
 
 
 def toggle_data_saver_mode(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Data Saver Mode is now {on_off(toggle(st, 'data_saver_mode', False))}.")
+    return with_bar(st, f"Data Saver Mode is now {on_off(SWITCHES['data_saver_mode'].flip(st))}.")
 
 
 def check_apn_settings(st: TelecomState, a: dict) -> str:
@@ -138,7 +138,7 @@ def check_wifi_calling_status(st: TelecomState, a: dict) -> str:
 
 
 def toggle_wifi_calling(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Wi-Fi Calling is now {on_off(toggle(st, 'wifi_calling_enabled', False))}.")
+    return with_bar(st, f"Wi-Fi Calling is now {on_off(SWITCHES['wifi_calling'].flip(st))}.")
 
 
 def check_vpn_status(st: TelecomState, a: dict) -> str:
@@ -246,6 +246,12 @@ def _a(fn, parameters: dict) -> TelecomFunction:
     return _f(fn, "assert", "", parameters)
 
 
+def _turn(switch: str, want: bool) -> TelecomFunction:
+    name = f"turn_{switch}_{on_off(want).lower()}"
+    return TelecomFunction(name=name, description=name.replace("_", " "), parameters=_NONE,
+                           kind="env", fn=lambda st, a: turn(st, switch, want))
+
+
 FUNCTIONS: tuple[TelecomFunction, ...] = (
     _f(check_status_bar, "read", "What the phone's status bar shows: signal, network type, "
        "data, Wi-Fi, VPN, airplane mode, battery."),
@@ -285,11 +291,9 @@ FUNCTIONS: tuple[TelecomFunction, ...] = (
     _f(make_payment, "write", "Pay the pending payment request."),
     _e(phone.set_user_info, obj({"name": s("Name"), "phone_number": s("Phone number")})),
     _e(phone.set_user_location, obj({"abroad": _BOOL})),
-    *(_e(fn) for fn in (phone.simulate_network_search, phone.turn_airplane_mode_on,
-                        phone.turn_airplane_mode_off, phone.unseat_sim_card, phone.turn_data_on,
-                        phone.turn_data_off, phone.turn_roaming_on, phone.turn_roaming_off,
-                        phone.turn_data_saver_mode_on, phone.turn_data_saver_mode_off,
+    *(_e(fn) for fn in (phone.simulate_network_search, phone.unseat_sim_card, phone.turn_data_on,
                         phone.break_apn_settings, phone.break_apn_mms_setting, phone.break_vpn)),
+    *(_turn(switch, want) for switch, want in TURNS),
     _e(phone.lock_sim_card, obj({"mode": s("", ["pin", "puk"])})),
     _e(phone.set_wifi_calling, obj({"enabled": _BOOL,
                                     "mms_over_wifi": {"type": ["boolean", "null"]}}, ["enabled"])),
