@@ -98,6 +98,34 @@ def test_airplane_mode_kills_service_and_back(dom):
     assert "275.00 Mbps (Excellent)" in dom.call(st, "user", "run_speed_test", {}).observation
 
 
+@pytest.mark.parametrize("switch,field,searches", [
+    ("airplane_mode", "airplane_mode", True), ("data", "data_enabled", True),
+    ("roaming", "roaming_enabled", True), ("data_saver_mode", "data_saver_mode", False),
+    ("wifi_calling", "wifi_calling_enabled", False)])
+def test_switch_tools_and_setup_functions(dom, switch, field, searches):
+    """toggle_<switch> flips one device field and says so; turn_<switch>_on/off reach the wanted
+    value from either side; only the switches that re-register the phone touch its network."""
+    st = _user_state(dom)
+    before = st.device[field]
+    st.device["network_connection_status"] = "stale"  # a network search overwrites it
+    out = dom.call(st, "user", f"toggle_{switch}", {})
+    assert st.device[field] is (not before)
+    label = {"airplane_mode": "Airplane Mode", "data": "Mobile Data", "roaming": "Data Roaming",
+             "data_saver_mode": "Data Saver Mode", "wifi_calling": "Wi-Fi Calling"}[switch]
+    assert out.observation.startswith(f"{label} is now {'ON' if not before else 'OFF'}.\nStatus Bar:")
+    assert (st.device["network_connection_status"] != "stale") is searches
+    for want in (True, False):
+        if (switch, want) == ("data", True) or switch == "wifi_calling":
+            continue  # turn_data_on sets without a search; wifi calling has set_wifi_calling
+        for start in (True, False):
+            st.device[field] = start
+            dom.run_env_function(st, "user", f"turn_{switch}_{'on' if want else 'off'}", {})
+            assert st.device[field] is want, (switch, start, want)
+    st.device["data_enabled"], st.device["network_connection_status"] = False, "stale"
+    dom.run_env_function(st, "user", "turn_data_on", {})
+    assert st.device["data_enabled"] is True and st.device["network_connection_status"] == "stale"
+
+
 def test_speed_test_factors_by_hand(dom):
     st = _user_state(dom)
     dom.call(st, "user", "set_network_mode_preference", {"mode": "4g_only"})

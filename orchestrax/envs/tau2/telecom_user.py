@@ -5,6 +5,8 @@ and assertions of `telecom_phone`. tau2-bench semantics, our code.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from orchestrax.envs.tau2.db import Rejected
 from orchestrax.envs.tau2.functions import obj, s
 from orchestrax.envs.tau2.telecom_db import APN_DEFAULTS, TelecomFunction, TelecomState
@@ -56,10 +58,6 @@ def run_speed_test(st: TelecomState, a: dict) -> str:
     return f"Speed Test Result: {mbps:.2f} Mbps ({desc}). {SPEED_ADVICE[desc]}"
 
 
-def toggle_airplane_mode(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Airplane Mode is now {on_off(SWITCHES['airplane_mode'].flip(st))}.")
-
-
 def check_sim_status(st: TelecomState, a: dict) -> str:
     return {"active": "The SIM card is active and working.",
             "missing": "No SIM card is detected in the phone.",
@@ -73,20 +71,8 @@ def reseat_sim_card(st: TelecomState, a: dict) -> str:
     return with_bar(st, "SIM card re-seated successfully.")
 
 
-def toggle_data(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Mobile Data is now {on_off(SWITCHES['data'].flip(st))}.")
-
-
-def toggle_roaming(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Data Roaming is now {on_off(SWITCHES['roaming'].flip(st))}.")
-
-
 def check_data_restriction_status(st: TelecomState, a: dict) -> str:
     return f"Data Saver mode is {on_off(st.device['data_saver_mode'])}."
-
-
-def toggle_data_saver_mode(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Data Saver Mode is now {on_off(SWITCHES['data_saver_mode'].flip(st))}.")
 
 
 def check_apn_settings(st: TelecomState, a: dict) -> str:
@@ -137,10 +123,6 @@ def check_wifi_calling_status(st: TelecomState, a: dict) -> str:
     return f"Wi-Fi Calling is {on_off(st.device['wifi_calling_enabled'])}."
 
 
-def toggle_wifi_calling(st: TelecomState, a: dict) -> str:
-    return with_bar(st, f"Wi-Fi Calling is now {on_off(SWITCHES['wifi_calling'].flip(st))}.")
-
-
 def check_vpn_status(st: TelecomState, a: dict) -> str:
     d = st.device
     if d["vpn_connected"]:
@@ -166,29 +148,23 @@ def check_installed_apps(st: TelecomState, a: dict) -> str:
     return f"Installed apps: {', '.join(st.device['app_statuses'])}"
 
 
-def _granted(app: dict) -> list[str]:
-    return [p for p, ok in app["permissions"].items() if ok]
+def _about_app(st: TelecomState, name: str, show: Callable[[list[str]], str]) -> str:
+    """`show(granted permissions)`, or that the app is not installed."""
+    app = st.device["app_statuses"].get(name)
+    if app is None:
+        return f"App '{name}' is not installed on this phone."
+    return show([p for p, ok in app["permissions"].items() if ok])
 
 
 def check_app_status(st: TelecomState, a: dict) -> str:
-    app = st.device["app_statuses"].get(a["app_name"])
-    if app is None:
-        return f"App '{a['app_name']}' is not installed on this phone."
-    granted = _granted(app)
-    return (f"Status for App: {a['app_name']}\n - Permissions granted: "
-            + (", ".join(granted) if granted else "none"))
+    return _about_app(st, a["app_name"], lambda granted: (
+        f"Status for App: {a['app_name']}\n - Permissions granted: {', '.join(granted) or 'none'}"))
 
 
 def check_app_permissions(st: TelecomState, a: dict) -> str:
-    app = st.device["app_statuses"].get(a["app_name"])
-    if app is None:
-        return f"App '{a['app_name']}' is not installed on this phone."
-    granted = _granted(app)
-    if not granted:
-        return f"App '{a['app_name']}' has no permissions granted."
-    return f"App '{a['app_name']}' has permission for: {', '.join(granted)}."
-
-
+    return _about_app(st, a["app_name"], lambda granted: (
+        f"App '{a['app_name']}' has permission for: {', '.join(granted)}." if granted
+        else f"App '{a['app_name']}' has no permissions granted."))
 
 
 def grant_app_permission(st: TelecomState, a: dict) -> str:
@@ -246,6 +222,14 @@ def _a(fn, parameters: dict) -> TelecomFunction:
     return _f(fn, "assert", "", parameters)
 
 
+def _toggle(switch: str, description: str) -> TelecomFunction:
+    """The user's toggle_<switch> tool: flip it; the phone's answer and its status bar."""
+    sw = SWITCHES[switch]
+    return TelecomFunction(
+        name=f"toggle_{switch}", description=description, parameters=_NONE, kind="write",
+        fn=lambda st, a: with_bar(st, f"{sw.label} is now {on_off(sw.flip(st))}."))
+
+
 def _turn(switch: str, want: bool) -> TelecomFunction:
     name = f"turn_{switch}_{on_off(want).lower()}"
     return TelecomFunction(name=name, description=name.replace("_", " "), parameters=_NONE,
@@ -261,13 +245,13 @@ FUNCTIONS: tuple[TelecomFunction, ...] = (
     _f(set_network_mode_preference, "write", "Set the preferred network mode.",
        obj({"mode": s("One of " + ", ".join(MODES))})),
     _f(run_speed_test, "read", "Measure the mobile data speed."),
-    _f(toggle_airplane_mode, "write", "Switch airplane mode on or off."),
+    _toggle("airplane_mode", "Switch airplane mode on or off."),
     _f(check_sim_status, "read", "Whether the SIM card is active, missing or locked."),
     _f(reseat_sim_card, "write", "Take the SIM card out and put it back in."),
-    _f(toggle_data, "write", "Switch mobile data on or off."),
-    _f(toggle_roaming, "write", "Switch data roaming on or off."),
+    _toggle("data", "Switch mobile data on or off."),
+    _toggle("roaming", "Switch data roaming on or off."),
     _f(check_data_restriction_status, "read", "Whether Data Saver mode is on."),
-    _f(toggle_data_saver_mode, "write", "Switch Data Saver mode on or off."),
+    _toggle("data_saver_mode", "Switch Data Saver mode on or off."),
     _f(check_apn_settings, "read", "The phone's APN (access point) settings."),
     _f(set_apn_settings, "write", "Replace the APN settings.",
        obj({"apn_settings": {"type": "object", "description": "Fields: apn_name (internet or "
@@ -276,7 +260,7 @@ FUNCTIONS: tuple[TelecomFunction, ...] = (
     _f(check_wifi_status, "read", "Whether Wi-Fi is on and connected."),
     _f(toggle_wifi, "write", "Switch Wi-Fi on or off."),
     _f(check_wifi_calling_status, "read", "Whether Wi-Fi calling is on."),
-    _f(toggle_wifi_calling, "write", "Switch Wi-Fi calling on or off."),
+    _toggle("wifi_calling", "Switch Wi-Fi calling on or off."),
     _f(check_vpn_status, "read", "Whether a VPN is connected, and its details."),
     _f(connect_vpn, "write", "Connect the VPN."),
     _f(disconnect_vpn, "write", "Disconnect the VPN."),
