@@ -14,13 +14,16 @@ from orchestrax.models import model as model_lib
 from orchestrax.models.attention import attention
 
 
-def materialised_attention(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset=0):
+def materialised_attention(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset=0,
+                           segment_ids_BT=None):
     """The model's attention before 2026-12-01 (main at 0d33131), with its [B, T, S] mask made
-    from the same (kv_valid, q_offset) description."""
+    from the same (kv_valid, q_offset) description, plus same-segment when segments are given."""
     b, t, n, h = q_BTNH.shape
     s, kh = k_BSKH.shape[1], k_BSKH.shape[2]
     causal_TS = jnp.arange(s)[None, :] <= q_offset + jnp.arange(t)[:, None]
     mask_BTS = kv_valid_BS.astype(bool)[:, None, :] & causal_TS[None]
+    if segment_ids_BT is not None:
+        mask_BTS = mask_BTS & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
     q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
     scores = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
                         preferred_element_type=jnp.float32) * (h ** -0.5)
@@ -91,6 +94,50 @@ def test_fused_kernel_only_for_right_padding():
         got = jax.jit(functools.partial(attention, fused="xla"))(q, k, v, valid)
         assert max_diff_on(valid, got, materialised_attention(q, k, v, valid)) <= 1e-5
         assert np.all(np.isfinite(np.asarray(got)))
+
+
+def packed_segments():
+    """Row 0: three sequences; row 1: two and right padding; row 2: one and right padding."""
+    return np.array([[1] * 5 + [2] * 4 + [3] * 4,
+                     [1] * 6 + [2] * 4 + [0] * 3,
+                     [1] * 9 + [0] * 4], np.int32)
+
+
+@pytest.mark.parametrize("block_q,block_k,fused", [(512, 512, "xla"), (4, 4, None),
+                                                   (3, 5, None)])
+def test_segments_values_and_gradients_equal_the_masked_softmax(block_q, block_k, fused):
+    """Packed rows: each query sees only its own segment. `fused="xla"` must route to the
+    chunked path (XLA's kernel has no segments, so equality proves the routing)."""
+    q, k, v = qkv()
+    seg = jnp.asarray(packed_segments())
+    valid = np.asarray(seg) > 0
+    ours = functools.partial(attention, segment_ids_BT=seg, block_q=block_q, block_k=block_k,
+                             fused=fused)
+    ref = functools.partial(materialised_attention, segment_ids_BT=seg)
+    assert max_diff_on(valid, jax.jit(ours)(q, k, v, valid), ref(q, k, v, valid)) <= 1e-5
+    w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+    w = w * valid[:, :, None, None]
+    grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a, valid) * w),  # noqa: E731
+                                      argnums=(0, 1, 2)))
+    for g_ours, g_ref in zip(grad(ours)(q, k, v), grad(ref)(q, k, v)):
+        np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), atol=1e-5, rtol=0)
+    # The reference can tell: without segments, later sequences read the earlier ones.
+    unsegmented = materialised_attention(q, k, v, valid)
+    assert max_diff_on(valid, jax.jit(ours)(q, k, v, valid), unsegmented) > 1e-2
+
+
+def test_segments_refuse_what_they_cannot_mean():
+    q, k, v = qkv(t=5, s=19)
+    valid = np.ones((3, 19), bool)
+    with pytest.raises(ValueError, match=r"segment_ids_BT has shape \(3, 19\); it needs "
+                                         r"\[B, T\] = \(3, 5\) with as many keys as queries"):
+        attention(q, k, v, valid, segment_ids_BT=jnp.ones((3, 19), jnp.int32))
+    q, k, v = qkv()
+    valid = np.ones((3, 13), bool)
+    with pytest.raises(ValueError, match="segment_ids_BT needs q_offset = 0"):
+        attention(q, k, v, valid, 3, segment_ids_BT=jnp.ones((3, 13), jnp.int32))
+    with pytest.raises(ValueError, match="segment_ids_BT has dtype float32; an integer"):
+        attention(q, k, v, valid, segment_ids_BT=jnp.ones((3, 13), jnp.float32))
 
 
 def with_attention(monkeypatch, fn):

@@ -5,7 +5,9 @@ dim; `bq`/`bk` are block lengths, `nq`/`nk` block counts.
 
 Query `t` sits at slot `q_offset + t` and sees key `s` when `s <= q_offset + t` and
 `kv_valid[b, s]`: the training forward has `q_offset = 0, S = T`; a KV-cache step has
-`q_offset` = the cache index. That mask is never built as a [B, T, S] array.
+`q_offset` = the cache index. A packed row (several sequences one after another) adds
+`segment_ids[b, t] == segment_ids[b, s]`, so each sequence sees only itself. That mask is never
+built as a [B, T, S] array.
 
 Scores are made one (query block, key block) pair at a time with an online softmax (the
 flash-attention recurrence) and a custom VJP that recomputes them in the backward pass from the
@@ -26,15 +28,24 @@ _NEG = -1e30  # masked scores: finite, so a row with no visible key yet never ma
 
 
 def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, kv_valid_BS: jax.Array,
-              q_offset: jax.Array | int = 0, *, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+              q_offset: jax.Array | int = 0, *, segment_ids_BT: jax.Array | None = None,
+              block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
               fused: str | None = "auto") -> jax.Array:
     """Softmax(q·kᵀ/√H)·v under the causal, key-validity mask above; returns [B, T, N, H] in
     q's dtype. Scores and softmax are float32.
 
+    `segment_ids_BT` (integer, one id per packed sequence) is for packed training rows: it needs
+    S = T and no cache offset, and always takes the chunked path (`jax.nn.dot_product_attention`
+    has no segment argument).
+
     `fused` names a `jax.nn.dot_product_attention` implementation to use when the mask allows
-    it (no cache offset, and at run time every row right-padded); "auto" is cuDNN's flash
-    attention on GPU for 16-bit dtypes and nothing elsewhere; None always takes the chunked
-    path."""
+    it (no cache offset, no segments, and at run time every row right-padded); "auto" is cuDNN's
+    flash attention on GPU for 16-bit dtypes and nothing elsewhere; None always takes the
+    chunked path."""
+    if segment_ids_BT is not None:
+        _check_segments(segment_ids_BT, q_BTNH, k_BSKH, q_offset)
+        return _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k,
+                        segment_ids_BT)
     if fused == "auto":
         fused = "cudnn" if _cudnn_applies(q_BTNH) else None
     if fused is not None and isinstance(q_offset, int) and q_offset == 0 and (
@@ -43,6 +54,20 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, kv_valid_
                                       functools.partial(attention, block_q=block_q,
                                                         block_k=block_k, fused=None))
     return _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k)
+
+
+def _check_segments(segment_ids_BT, q_BTNH, k_BSKH, q_offset) -> None:
+    b, t = q_BTNH.shape[:2]
+    if tuple(segment_ids_BT.shape) != (b, t) or k_BSKH.shape[1] != t:
+        raise ValueError(f"attention: segment_ids_BT has shape {tuple(segment_ids_BT.shape)}; it "
+                         f"needs [B, T] = {(b, t)} with as many keys as queries (got "
+                         f"S = {k_BSKH.shape[1]})")
+    if not jnp.issubdtype(segment_ids_BT.dtype, jnp.integer):
+        raise ValueError(f"attention: segment_ids_BT has dtype {segment_ids_BT.dtype}; an integer "
+                         "dtype is needed")
+    if not (isinstance(q_offset, int) and q_offset == 0):
+        raise ValueError(f"attention: segment_ids_BT needs q_offset = 0 (a packed training row); "
+                         f"got {q_offset!r}")
 
 
 def _cudnn_applies(q_BTNH: jax.Array) -> bool:
@@ -69,7 +94,8 @@ def _fused_if_right_padded(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, implementation, 
     return jax.lax.cond(right_padded, fused, chunked, q_BTNH, k_BSKH, v_BSKH, valid)
 
 
-def _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k) -> jax.Array:
+def _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k,
+             segment_ids_BT=None) -> jax.Array:
     b, t, n, h = q_BTNH.shape
     s, kh = k_BSKH.shape[1], k_BSKH.shape[2]
     bq = min(t, block_q)
@@ -83,23 +109,39 @@ def _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k) ->
     v_nBSKH = jnp.moveaxis(jnp.pad(v_BSKH, pad_s).reshape(b, nk, bk, kh, h), 1, 0)
     valid = jnp.pad(kv_valid_BS.astype(jnp.bool_), ((0, 0), (0, nk * bk - s)))
     valid_nBS = jnp.moveaxis(valid.reshape(b, nk, bk), 1, 0)
+    segments = None if segment_ids_BT is None else _segment_blocks(segment_ids_BT, nq, bq, nk, bk)
     # Tie the mask's inputs to q: under a layer scan they are loop-invariant, and JAX would
     # hoist every mask tile out of the loop as one [nq, nk, ..., bq, bk] residual (T x S again).
-    q_nBTKGH, valid_nBS, q_offset = jax.lax.optimization_barrier(
-        (q_nBTKGH, valid_nBS, jnp.asarray(q_offset, jnp.int32)))
-    out_nBTKGH = _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset)
+    q_nBTKGH, valid_nBS, segments, q_offset = jax.lax.optimization_barrier(
+        (q_nBTKGH, valid_nBS, segments, jnp.asarray(q_offset, jnp.int32)))
+    out_nBTKGH = _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset)
     out = jnp.moveaxis(out_nBTKGH, 0, 1).reshape(b, nq * bq, n, h)
     return out[:, :t]
+
+
+def _segment_blocks(segment_ids_BT, nq, bq, nk, bk):
+    """(queries' ids [nq, B, bq], keys' ids [nk, B, bk]), each padded with -1: padded queries
+    are cut from the output and padded keys are invalid anyway."""
+    b, t = segment_ids_BT.shape
+    seg = segment_ids_BT.astype(jnp.int32)
+    blocks = lambda n, size: jnp.moveaxis(  # noqa: E731
+        jnp.pad(seg, ((0, 0), (0, n * size - t)), constant_values=-1).reshape(b, n, size), 1, 0)
+    return blocks(nq, bq), blocks(nk, bk)
 
 
 def _slots(block: int, size: int, offset) -> jax.Array:
     return offset + block * size + jnp.arange(size)
 
 
-def _visible(i, j, bq, bk, valid_BS, q_offset) -> jax.Array:
-    """[B, 1, 1, bq, bk] mask of query block i against key block j."""
+def _visible(i, j, bq, bk, valid_BS, q_offset, segments=None) -> jax.Array:
+    """[B, 1, 1, bq, bk] mask of query block i against key block j; `segments` is that pair's
+    (query ids [B, bq], key ids [B, bk]) or None."""
     causal_TS = _slots(j, bk, 0)[None, :] <= _slots(i, bq, q_offset)[:, None]
-    return (valid_BS[:, None, :] & causal_TS[None])[:, None, None]
+    mask_BTS = valid_BS[:, None, :] & causal_TS[None]
+    if segments is not None:
+        q_seg_BT, k_seg_BS = segments
+        mask_BTS = mask_BTS & (q_seg_BT[:, :, None] == k_seg_BS[:, None, :])
+    return mask_BTS[:, None, None]
 
 
 def _needed(i, j, bq, bk, q_offset) -> jax.Array:
@@ -113,24 +155,30 @@ def _scores(q_BTKGH, k_BSKH) -> jax.Array:
                       preferred_element_type=jnp.float32) * scale
 
 
+def _pair(q_seg, k_seg):
+    """One (query block, key block) pair's segment ids, or None without segments."""
+    return None if q_seg is None else (q_seg, k_seg)
+
+
 @jax.custom_vjp
-def _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset):
-    return _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset)[0]
+def _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
+    return _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset)[0]
 
 
-def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset):
+def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
     nq, b, bq, kh, g, h = q_nBTKGH.shape
     bk = k_nBSKH.shape[2]
+    q_seg_nBT, k_seg_nBS = (None, None) if segments is None else segments
 
     def one_query_block(xs):
-        i, q_BTKGH = xs
+        i, q_BTKGH, q_seg_BT = xs
 
         def step(carry, ys):
-            j, k_BSKH, v_BSKH, valid_BS = ys
+            j, k_BSKH, v_BSKH, valid_BS, k_seg_BS = ys
 
             def update(carry):
                 m_BKGT, l_BKGT, acc_BKGTH = carry
-                mask = _visible(i, j, bq, bk, valid_BS, q_offset)
+                mask = _visible(i, j, bq, bk, valid_BS, q_offset, _pair(q_seg_BT, k_seg_BS))
                 s = jnp.where(mask, _scores(q_BTKGH, k_BSKH), _NEG)
                 m_new = jnp.maximum(m_BKGT, jnp.max(s, axis=-1))
                 p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
@@ -145,18 +193,19 @@ def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset):
         init = (jnp.full((b, kh, g, bq), _NEG, jnp.float32), jnp.zeros((b, kh, g, bq), jnp.float32),
                 jnp.zeros((b, kh, g, bq, h), jnp.float32))
         (m, l, acc), _ = jax.lax.scan(step, init, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
-                                                   v_nBSKH, valid_nBS))
+                                                   v_nBSKH, valid_nBS, k_seg_nBS))
         seen = l > 0
         out_BKGTH = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
         lse_BKGT = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
         return jnp.einsum("BKGTH->BTKGH", out_BKGTH).astype(q_BTKGH.dtype), lse_BKGT
 
-    out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), q_nBTKGH))
-    return out, (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset, out, lse)
+    out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), q_nBTKGH, q_seg_nBT))
+    return out, (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset, out, lse)
 
 
 def _flash_bwd(res, dout_nBTKGH):
-    q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, q_offset, out_nBTKGH, lse_nBKGT = res
+    q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset, out_nBTKGH, lse_nBKGT = res
+    q_seg_nBT, k_seg_nBS = (None, None) if segments is None else segments
     nq, b, bq, kh, g, h = q_nBTKGH.shape
     bk = k_nBSKH.shape[2]
     scale = h ** -0.5
@@ -166,14 +215,14 @@ def _flash_bwd(res, dout_nBTKGH):
                          out_nBTKGH.astype(jnp.float32))
 
     def one_key_block(dq_nBTKGH, xs):
-        j, k_BSKH, v_BSKH, valid_BS = xs
+        j, k_BSKH, v_BSKH, valid_BS, k_seg_BS = xs
 
         def step(carry, ys):
-            i, q_BTKGH, do_BTKGH, lse_BKGT, d_BKGT = ys
+            i, q_BTKGH, do_BTKGH, lse_BKGT, d_BKGT, q_seg_BT = ys
 
             def grads(carry):
                 dk_BSKH, dv_BSKH = carry
-                mask = _visible(i, j, bq, bk, valid_BS, q_offset)
+                mask = _visible(i, j, bq, bk, valid_BS, q_offset, _pair(q_seg_BT, k_seg_BS))
                 p = jnp.where(mask, jnp.exp(_scores(q_BTKGH, k_BSKH) - lse_BKGT[..., None]), 0.0)
                 dv_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", p.astype(dt), do_BTKGH,
                                       preferred_element_type=jnp.float32)
@@ -193,13 +242,13 @@ def _flash_bwd(res, dout_nBTKGH):
 
         zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
         (dk, dv), dq_parts = jax.lax.scan(step, (zeros, zeros), (
-            jnp.arange(nq), q_nBTKGH, dout_nBTKGH, lse_nBKGT, d_nBKGT))
+            jnp.arange(nq), q_nBTKGH, dout_nBTKGH, lse_nBKGT, d_nBKGT, q_seg_nBT))
         return dq_nBTKGH + dq_parts, (dk, dv)
 
     dq0 = jnp.zeros(q_nBTKGH.shape, jnp.float32)
     dq, (dk, dv) = jax.lax.scan(one_key_block, dq0, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
-                                                     v_nBSKH, valid_nBS))
-    return (dq.astype(dt), dk.astype(k_nBSKH.dtype), dv.astype(v_nBSKH.dtype), None, None)
+                                                     v_nBSKH, valid_nBS, k_seg_nBS))
+    return (dq.astype(dt), dk.astype(k_nBSKH.dtype), dv.astype(v_nBSKH.dtype), None, None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

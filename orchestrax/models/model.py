@@ -7,6 +7,10 @@ Layers are stacked on a leading L axis and run under `lax.scan`, so a 36-layer m
 one block. Parameters are stored in `cfg.param_dtype`; matmuls run in `cfg.dtype`; RMSNorm,
 softmax and logits are computed in float32. Attention (attention.py) never materialises the
 [T, S] scores, so memory grows linearly with the sequence.
+
+Packed rows (several sequences one after another, as SFT batches come): pass `segment_ids_BT`
+(1, 2, ... per sequence, 0 on padding) and `positions_BT` (restarting at 0 in each sequence), and
+every sequence is computed exactly as if it were alone in its row.
 """
 
 from __future__ import annotations
@@ -43,13 +47,16 @@ def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_BTNH.dtype)
 
 
-def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, index=None):
+def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, index=None,
+           segment_ids_BT=None):
     """One decoder block. Without `kv`, query t sees keys s <= t; with `kv` (this layer's cache
     k, v), new keys/values are written at `index` and query t sees cache slots <= index + t.
-    Either way only keys with `kv_valid_BS` count. Returns (x, (k, v))."""
+    Either way only keys with `kv_valid_BS` count, and with `segment_ids_BT` only keys of the
+    query's own segment. Returns (x, (k, v))."""
     w = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.dtype)), lp)
     with jax.named_scope("attention"):
-        attn_BTD, new_kv = _self_attention(cfg, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index)
+        attn_BTD, new_kv = _self_attention(cfg, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index,
+                                           segment_ids_BT)
     x_BTD = constrain(x_BTD + attn_BTD, ("batch", "seq", "act_embed"))
     with jax.named_scope("mlp"):
         h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
@@ -60,7 +67,8 @@ def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, inde
     return constrain(x_BTD, ("batch", "seq", "act_embed")), new_kv
 
 
-def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index):
+def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index,
+                    segment_ids_BT):
     dt = jnp.dtype(cfg.dtype)
     h_BTD = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
@@ -76,7 +84,8 @@ def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, k
         k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
         q_offset = index
-    attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset)
+    attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset,
+                          segment_ids_BT=segment_ids_BT)
     return jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]), (k, v)
 
 
@@ -87,13 +96,14 @@ _REMAT = {
 }
 
 
-def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, kv_valid_BS, cache=None):
+def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, kv_valid_BS, cache=None,
+            segment_ids_BT=None):
     """Scan the stacked layers; threads the cache through the scan when given."""
     def body(x, xs):
         lp, kv = xs
         with jax.named_scope("block"):
             x, new_kv = _block(cfg, x, lp, positions_BT, kv_valid_BS, kv,
-                               None if cache is None else cache["index"])
+                               None if cache is None else cache["index"], segment_ids_BT)
         return x, (new_kv if cache is not None else None)
 
     if cfg.remat != "none":
@@ -117,16 +127,44 @@ def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
 
 
+def segment_starts(segment_ids_BT: jax.Array) -> jax.Array:
+    """bool [B, T]: True where a token's segment differs from the previous token's (and at 0)."""
+    first_B1 = jnp.ones_like(segment_ids_BT[:, :1], jnp.bool_)
+    return jnp.concatenate([first_B1, segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+
+
+def _check_packing(input_ids_BT, segment_ids_BT, positions_BT) -> None:
+    shape = tuple(input_ids_BT.shape)
+    for name, x in (("segment_ids_BT", segment_ids_BT), ("positions_BT", positions_BT)):
+        if x is not None and tuple(x.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; it must match input_ids "
+                             f"{shape}")
+    if segment_ids_BT is not None and positions_BT is None:
+        raise ValueError("segment_ids_BT needs positions_BT (restarting at 0 in each segment): "
+                         "positions counted over the whole row would differ from the sequence's "
+                         "own")
+
+
 # --- public forward passes --------------------------------------------------------------------
 def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
-                  attention_mask_BT: jax.Array | None = None) -> jax.Array:
-    """Final-normed hidden states [B, T, D] in the compute dtype."""
+                  attention_mask_BT: jax.Array | None = None, *,
+                  segment_ids_BT: jax.Array | None = None,
+                  positions_BT: jax.Array | None = None) -> jax.Array:
+    """Final-normed hidden states [B, T, D] in the compute dtype.
+
+    Packed rows: `segment_ids_BT` (int, 0 = padding) keeps each token's attention inside its
+    own segment and needs `positions_BT`; the attention mask then defaults to segment_ids > 0.
+    `positions_BT` alone overrides the positions counted from the attention mask."""
     b, t = input_ids_BT.shape
+    _check_packing(input_ids_BT, segment_ids_BT, positions_BT)
     if attention_mask_BT is None:
-        attention_mask_BT = jnp.ones((b, t), jnp.bool_)
+        attention_mask_BT = (jnp.ones((b, t), jnp.bool_) if segment_ids_BT is None
+                             else segment_ids_BT > 0)
     valid_BT = attention_mask_BT.astype(jnp.bool_)
-    x, _ = _layers(cfg, params, _embed(cfg, params, input_ids_BT),
-                   positions_from_mask(valid_BT), valid_BT)
+    x_BTD = _embed(cfg, params, input_ids_BT)
+    if positions_BT is None:
+        positions_BT = positions_from_mask(valid_BT)
+    x, _ = _layers(cfg, params, x_BTD, positions_BT, valid_BT, segment_ids_BT=segment_ids_BT)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
 
 
@@ -142,21 +180,32 @@ def lm_logits(cfg: ModelConfig, params: Params, h_BTD: jax.Array) -> jax.Array:
 
 
 def forward(cfg: ModelConfig, params: Params, input_ids: jax.Array,
-            attention_mask: jax.Array | None = None) -> jax.Array:
-    """int32 [B, T] -> float32 logits [B, T, V]. Left padding: pass the 0/1 attention mask."""
-    return lm_logits(cfg, params, hidden_states(cfg, params, input_ids, attention_mask))
+            attention_mask: jax.Array | None = None, *, segment_ids_BT: jax.Array | None = None,
+            positions_BT: jax.Array | None = None) -> jax.Array:
+    """int32 [B, T] -> float32 logits [B, T, V]. Left padding: pass the 0/1 attention mask;
+    packed rows: segment ids and positions, as in `hidden_states`."""
+    return lm_logits(cfg, params, hidden_states(cfg, params, input_ids, attention_mask,
+                                                segment_ids_BT=segment_ids_BT,
+                                                positions_BT=positions_BT))
 
 
 def token_logprobs(cfg: ModelConfig, params: Params, tokens_BT: jax.Array,
                    attention_mask_BT: jax.Array | None = None, temperature: float = 1.0,
-                   return_entropy: bool = False, chunk_size: int | None = None):
+                   return_entropy: bool = False, chunk_size: int | None = None, *,
+                   segment_ids_BT: jax.Array | None = None,
+                   positions_BT: jax.Array | None = None):
     """logp[:, t] = log p(tokens[t] | tokens[:t]) under log_softmax(logits / temperature);
     logp[:, 0] = 0. With `return_entropy`, also the entropy of that distribution at t.
+
+    Packed rows (`segment_ids_BT`, `positions_BT`, as in `hidden_states`): tokens[:t] means the
+    earlier tokens of t's own segment, and a segment's first token gets 0 like a row's first,
+    so each sequence's values equal those of the sequence alone in a row.
 
     `chunk_size` bounds memory: the [B, T, V] float32 logits (58 GB for 4 x 24k tokens at
     Qwen3's 151,936-token vocabulary) are made `chunk_size` positions at a time under a scan,
     and remade chunk by chunk in the backward pass instead of being kept. Same values."""
-    h_BTD = hidden_states(cfg, params, tokens_BT, attention_mask_BT)[:, :-1]
+    h_BTD = hidden_states(cfg, params, tokens_BT, attention_mask_BT,
+                          segment_ids_BT=segment_ids_BT, positions_BT=positions_BT)[:, :-1]
     targets_BT = tokens_BT[:, 1:]
     t = targets_BT.shape[1]
 
@@ -186,9 +235,14 @@ def token_logprobs(cfg: ModelConfig, params: Params, tokens_BT: jax.Array,
         entropy = None if entropy is None else unchunk(entropy)
     first = jnp.zeros_like(logp[:, :1])
     logp = jnp.concatenate([first, logp], axis=1)
-    if not return_entropy:
-        return logp
-    return logp, jnp.concatenate([first, entropy], axis=1)
+    if return_entropy:
+        entropy = jnp.concatenate([first, entropy], axis=1)
+    if segment_ids_BT is not None:
+        # A segment's first token would be scored from the previous segment's last state.
+        starts_BT = segment_starts(segment_ids_BT)
+        logp = jnp.where(starts_BT, 0.0, logp)
+        entropy = None if entropy is None else jnp.where(starts_BT, 0.0, entropy)
+    return (logp, entropy) if return_entropy else logp
 
 
 # --- KV cache ---------------------------------------------------------------------------------
@@ -227,5 +281,5 @@ jit_forward = jax.jit(forward, static_argnums=0)
 jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4,
                                  static_argnames="last_only")
 __all__ = ["forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
-           "forward_with_cache", "positions_from_mask", "jit_forward", "jit_forward_with_cache",
-           "rms_norm", "rope"]
+           "forward_with_cache", "positions_from_mask", "segment_starts", "jit_forward",
+           "jit_forward_with_cache", "rms_norm", "rope"]
