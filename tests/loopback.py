@@ -1,14 +1,18 @@
 """Real aiohttp servers on 127.0.0.1 with an OS-picked port, for tests of HTTP clients: any app
-(`serve_app`), or a scripted OpenAI-compatible chat server (`ScriptedChatServer`) for the judge
-and user-simulator clients."""
+(`serve_app`), a scripted OpenAI-compatible chat server (`ScriptedChatServer`) for the judge
+and user-simulator clients, and `orchestrax serve` itself, in process (`run_serve`) or as a
+subprocess (`start_tiny_server`)."""
 
 import asyncio
 import contextlib
 import socket
 import sys
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
+
+from orchestrax.rollout.server import ServerState, bound_port, start
 
 Responder = Callable[[dict[str, Any]], "str | tuple[int, str]"]
 
@@ -80,3 +84,19 @@ async def start_tiny_server(port: int, *, timeout_s: float = 180) -> asyncio.sub
     line = await asyncio.wait_for(proc.stdout.readline(), timeout=timeout_s)
     assert b"listening" in line, line
     return proc
+
+
+def run_serve(make_state: Callable[[], ServerState],
+              fn: Callable[[aiohttp.ClientSession, str, ServerState], Awaitable[Any]]) -> Any:
+    """`fn(http, url, state)` in a fresh event loop, against `orchestrax serve`'s app over
+    `state = make_state()` (built inside the loop, where its sampler's queue lives) at `url`;
+    the server is closed after, whatever `fn` raises. Returns what `fn` returns."""
+    async def main() -> Any:
+        state = make_state()
+        runner = await start(state, port=0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                return await fn(http, f"http://127.0.0.1:{bound_port(runner)}", state)
+        finally:
+            await runner.cleanup()
+    return asyncio.run(main())

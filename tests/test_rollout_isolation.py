@@ -8,11 +8,12 @@ import json
 import threading
 
 import aiohttp
+from loopback import run_serve
 
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout.embedded import EmbeddedSampler
-from orchestrax.rollout.server import ServerState, bound_port, start
+from orchestrax.rollout.server import ServerState
 from orchestrax.rollout.validate import ServeLimits
 
 TOK = tiny_qwen3_tokenizer()
@@ -21,21 +22,13 @@ PARAMS = models.init_params(CFG, seed=0)
 PROMPT = [5, 17, 40, 99, 3]
 
 
-async def serving(fn, *, sampler_kw=None, **state_kw):
-    kw = dict(max_batch=8, max_len=96, min_bucket=32) | (sampler_kw or {})
-    sampler = EmbeddedSampler(CFG, PARAMS, **kw)
-    state = ServerState(**{"sampler": sampler, "model_path": "tiny", "tokenizer": TOK} | state_kw)
-    runner = await start(state, port=0)
-    url = f"http://127.0.0.1:{bound_port(runner)}"
-    try:
-        async with aiohttp.ClientSession() as http:
-            return await fn(http, url, state)
-    finally:
-        await runner.cleanup()
-
-
-def run(fn, **kw):
-    return asyncio.run(serving(fn, **kw))
+def run(fn, *, sampler_kw=None, **state_kw):
+    """`fn(http, url, state)` against a tiny model's server; `state_kw` override ServerState's."""
+    def make_state():
+        kw = dict(max_batch=8, max_len=96, min_bucket=32) | (sampler_kw or {})
+        return ServerState(**{"sampler": EmbeddedSampler(CFG, PARAMS, **kw), "model_path": "tiny",
+                              "tokenizer": TOK} | state_kw)
+    return run_serve(make_state, fn)
 
 
 async def post(http, url, body, path="/generate", **kw):

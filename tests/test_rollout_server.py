@@ -3,17 +3,17 @@
 import asyncio
 import json
 
-import aiohttp
 import numpy as np
 import pytest
 from agent_fixtures import qwen3_chat_template
+from loopback import run_serve
 
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import protocol
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler
-from orchestrax.rollout.server import ServerState, bound_port, start
+from orchestrax.rollout.server import ServerState
 from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
 from orchestrax.rollout.weight_sync import sync_weights
 
@@ -26,22 +26,14 @@ def params(seed):
     return {**p, "lm_head": p["lm_head"] * 20.0}
 
 
-async def serving(fn, **state_kw):
-    # Small decode chunks, so streamed answers arrive in several pieces.
-    sampler = EmbeddedSampler(CFG, params(0), max_batch=8, max_len=96, min_bucket=32,
-                              chunk_tokens=4)
-    state = ServerState(sampler=sampler, model_path="tiny", tokenizer=TOK, **state_kw)
-    runner = await start(state, port=0)
-    url = f"http://127.0.0.1:{bound_port(runner)}"
-    try:
-        async with aiohttp.ClientSession() as http:
-            return await fn(http, url, sampler)
-    finally:
-        await runner.cleanup()
-
-
-def run(fn, **kw):
-    return asyncio.run(serving(fn, **kw))
+def run(fn, **state_kw):
+    """`fn(http, url, sampler)` against a tiny model's server; `state_kw` go to ServerState."""
+    def make_state():
+        # Small decode chunks, so streamed answers arrive in several pieces.
+        sampler = EmbeddedSampler(CFG, params(0), max_batch=8, max_len=96, min_bucket=32,
+                                  chunk_tokens=4)
+        return ServerState(sampler=sampler, model_path="tiny", tokenizer=TOK, **state_kw)
+    return run_serve(make_state, lambda http, url, state: fn(http, url, state.sampler))
 
 
 PROMPT = [5, 17, 40, 99, 3]
