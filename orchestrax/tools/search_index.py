@@ -134,7 +134,11 @@ async def _embed_all(embedder: Embedder, texts: Sequence[str], batch: int,
 async def build_index_async(config: SearchIndexConfig, *, progress: bool = True,
                             embedder: Embedder | None = None) -> SearchIndex:
     """Load the cached index for `config`, or build and cache it."""
-    import faiss
+    try:
+        import faiss
+    except ImportError as e:
+        raise RuntimeError("dense local search needs FAISS: "
+                           "`pip install 'orchestrax[search]'`") from e
 
     passages = load_corpus(config.corpus_path)
     if config.titles is not None:
