@@ -13,10 +13,10 @@ import pytest
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.core import at_turn_limit, evaluate
-from orchestrax.eval.suite import EvalRun, run_eval, write_outputs
 from orchestrax.eval.metrics import preference_adherence, summarize
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
+from orchestrax.eval.suite import EvalRun, run_eval, write_outputs
 from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
 from orchestrax.rollout.base import SamplingParams
 
