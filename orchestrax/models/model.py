@@ -140,9 +140,8 @@ def _check_packing(input_ids_BT, segment_ids_BT, positions_BT) -> None:
             raise ValueError(f"{name} has shape {tuple(x.shape)}; it must match input_ids "
                              f"{shape}")
     if segment_ids_BT is not None and positions_BT is None:
-        raise ValueError("segment_ids_BT needs positions_BT (restarting at 0 in each segment): "
-                         "positions counted over the whole row would differ from the sequence's "
-                         "own")
+        raise ValueError("segment_ids_BT needs positions_BT: each segment's own positions, "
+                         "restarting at 0 (data.sft batches carry them)")
 
 
 # --- public forward passes --------------------------------------------------------------------
