@@ -17,7 +17,6 @@ import functools
 import json
 import logging
 import os
-import pathlib
 import shutil
 import signal
 import subprocess
@@ -221,17 +220,6 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _start_time(pid: int) -> str | None:
-    """Start time (clock ticks, /proc/pid/stat field 22) of a live process; None once it is gone
-    or a zombie. Pairs with the pid so a recycled pid is never mistaken for ours."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
 async def _namespace_init(fd: int, timeout: float) -> tuple[int, str] | None:
     """(pid, start time) of the sandbox's pid-namespace init, from bwrap's --info-fd JSON."""
     reader = asyncio.StreamReader()
@@ -247,7 +235,7 @@ async def _namespace_init(fd: int, timeout: float) -> tuple[int, str] | None:
         return None  # bwrap failed before starting the child; its stderr says why
     finally:
         transport.close()
-    start = _start_time(pid)
+    start = sandbox_limits.start_time(pid)
     return (pid, start) if start is not None else None
 
 
@@ -255,14 +243,14 @@ async def _kill_namespace(init: tuple[int, str]) -> None:
     """SIGKILL the namespace's init; the kernel then kills every process in the namespace and
     init only turns zombie once they are all reaped, so waiting for that means none is left."""
     pid, start = init
-    if _start_time(pid) != start:
+    if sandbox_limits.start_time(pid) != start:
         return
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         return
     for _ in range(1000):
-        if _start_time(pid) != start:
+        if sandbox_limits.start_time(pid) != start:
             return
         await asyncio.sleep(0.005)
     log.warning("sandbox namespace init %d still alive 5 s after SIGKILL", pid)

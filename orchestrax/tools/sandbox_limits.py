@@ -54,12 +54,20 @@ def processes_of(uid: int) -> list[int]:
     return processes_by_uid().get(uid, [])
 
 
-def is_zombie(pid: int) -> bool:
+def start_time(pid: int) -> str | None:
+    """Start time (clock ticks, /proc/pid/stat field 22) of a live process; None once it is gone
+    or a zombie. Paired with the pid it names one process: a recycled pid starts at another time."""
     try:
         stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def is_zombie(pid: int) -> bool:
+    """A zombie, or already gone."""
+    return start_time(pid) is None
 
 
 async def kill_uid(uid: int, timeout_s: float = 5.0) -> list[int]:
