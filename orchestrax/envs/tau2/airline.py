@@ -12,8 +12,9 @@ import copy
 import datetime
 from typing import Any
 
-from orchestrax.envs.tau2.db import DomainDB, Rejected, safe_calculate
-from orchestrax.envs.tau2.functions import DomainFunction, arr, i, obj, s
+from orchestrax.envs.tau2.db import DomainDB, Rejected
+from orchestrax.envs.tau2.functions import (CALCULATE, CONFIRM, TRANSFER_TO_HUMAN_AGENTS,
+                                           DomainFunction, arr, i, obj, s)
 
 NOW = "2024-05-15T15:00:00"
 _NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
@@ -236,12 +237,11 @@ _PASSENGERS = arr(obj({"first_name": s("First name."), "last_name": s("Last name
                        "dob": s("Date of birth, YYYY-MM-DD.")}), "Passengers.")
 _PAY_ID = s("A payment id from the user's profile, such as 'credit_card_7815826' or "
             "'gift_card_7815826'.")
-_CONFIRM = " Explain the details and get explicit user confirmation (yes) first."
 
 FUNCTIONS: tuple[DomainFunction, ...] = (
     DomainFunction(name="book_reservation", kind="write", fn=book_reservation,
                    description="Book a reservation; payments must add up to the fare times passengers, "
-                               "plus $30 per passenger for insurance and $50 per non-free bag." + _CONFIRM,
+                               "plus $30 per passenger for insurance and $50 per non-free bag." + CONFIRM,
                    parameters=obj({
                        "user_id": _USER_ID, "origin": s(_IATA), "destination": s(_IATA),
                        "flight_type": s("Trip type.", ["one_way", "round_trip"]),
@@ -251,13 +251,9 @@ FUNCTIONS: tuple[DomainFunction, ...] = (
                                               "three gift cards."),
                        "total_baggages": i("Total bags."), "nonfree_baggages": i("Paid bags."),
                        "insurance": s("Travel insurance.", ["yes", "no"])})),
-    DomainFunction(name="calculate", kind="generic",
-                   description="Evaluate an arithmetic expression (numbers, + - * /, parentheses); "
-                               "result rounded to 2 decimals.",
-                   parameters=obj({"expression": s("Such as '2 + 2'.")}),
-                   fn=lambda db, a: safe_calculate(a["expression"])),
+    CALCULATE,
     DomainFunction(name="cancel_reservation", kind="write", fn=cancel_reservation,
-                   description="Cancel a whole reservation and refund its payments." + _CONFIRM,
+                   description="Cancel a whole reservation and refund its payments." + CONFIRM,
                    parameters=obj({"reservation_id": _RES_ID})),
     DomainFunction(name="get_flight_status", kind="read",
                    fn=lambda db, a: _flight_date(db, a["flight_number"], a["date"])[1]["status"],
@@ -285,24 +281,20 @@ FUNCTIONS: tuple[DomainFunction, ...] = (
                    description="Send a travel certificate of some dollar amount to a user, as "
                                "compensation allowed by the policy. Be careful!",
                    parameters=obj({"user_id": _USER_ID, "amount": i("Dollars.")})),
-    DomainFunction(name="transfer_to_human_agents", kind="generic",
-                   fn=lambda db, a: "Transfer successful",
-                   description="Transfer the user to a human agent with a summary; only if the user "
-                               "asks for one or the request cannot be handled under the policy.",
-                   parameters=obj({"summary": s("A summary of the user's issue.")})),
+    TRANSFER_TO_HUMAN_AGENTS,
     DomainFunction(name="update_reservation_baggages", kind="write", fn=update_reservation_baggages,
                    description="Set the baggage counts of a reservation; extra non-free bags cost $50 "
-                               "each, charged to a credit card or gift card." + _CONFIRM,
+                               "each, charged to a credit card or gift card." + CONFIRM,
                    parameters=obj({"reservation_id": _RES_ID, "total_baggages": i("New total bags."),
                                    "nonfree_baggages": i("New paid bags."), "payment_id": _PAY_ID})),
     DomainFunction(name="update_reservation_flights", kind="write", fn=update_reservation_flights,
                    description="Replace the flights (and cabin) of a reservation; list EVERY leg of the "
                                "new itinerary, changed or not. The fare difference is charged or "
-                               "refunded to a credit card or gift card." + _CONFIRM,
+                               "refunded to a credit card or gift card." + CONFIRM,
                    parameters=obj({"reservation_id": _RES_ID, "cabin": s("Cabin class.", CABINS),
                                    "flights": _FLIGHTS, "payment_id": _PAY_ID})),
     DomainFunction(name="update_reservation_passengers", kind="write", fn=update_reservation_passengers,
                    description="Replace the passenger details of a reservation (same number of "
-                               "passengers)." + _CONFIRM,
+                               "passengers)." + CONFIRM,
                    parameters=obj({"reservation_id": _RES_ID, "passengers": _PASSENGERS})),
 )

@@ -1,11 +1,12 @@
-"""The shape of a domain function and helpers for writing their JSON-schema parameters."""
+"""The shape of a domain function, helpers for writing their JSON-schema parameters, and the
+two tools retail and airline share (`CALCULATE`, `TRANSFER_TO_HUMAN_AGENTS`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Literal
 
-from orchestrax.envs.tau2.db import DomainDB
+from orchestrax.envs.tau2.db import DomainDB, safe_calculate
 
 Kind = Literal["read", "write", "generic"]
 
@@ -40,3 +41,18 @@ def i(description: str) -> dict[str, Any]:
 
 def arr(items: dict[str, Any], description: str) -> dict[str, Any]:
     return {"type": "array", "items": items, "description": description}
+
+
+# What the retail and airline tools say before a write, and the two tools they share.
+CONFIRM = " Explain the details and get explicit user confirmation (yes) first."
+CALCULATE = DomainFunction(
+    name="calculate", kind="generic",
+    description="Evaluate an arithmetic expression (numbers, + - * /, parentheses); result "
+                "rounded to 2 decimals.",
+    parameters=obj({"expression": s("Such as '2 + 2'.")}),
+    fn=lambda db, a: safe_calculate(a["expression"]))
+TRANSFER_TO_HUMAN_AGENTS = DomainFunction(
+    name="transfer_to_human_agents", kind="generic", fn=lambda db, a: "Transfer successful",
+    description="Transfer the user to a human agent with a summary; only if the user asks for "
+                "one or the request cannot be handled under the policy.",
+    parameters=obj({"summary": s("A summary of the user's issue.")}))

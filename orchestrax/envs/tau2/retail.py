@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from typing import Any, Callable
 
-from orchestrax.envs.tau2.db import DomainDB, Rejected, safe_calculate
-from orchestrax.envs.tau2.functions import DomainFunction, arr, obj, s
+from orchestrax.envs.tau2.db import DomainDB, Rejected
+from orchestrax.envs.tau2.functions import (CALCULATE, CONFIRM, TRANSFER_TO_HUMAN_AGENTS,
+                                           DomainFunction, arr, obj, s)
 
 _ORDER_OPTIONAL = ("cancel_reason", "exchange_items", "exchange_new_items",
                    "exchange_payment_method_id", "exchange_price_difference", "return_items",
@@ -39,6 +40,13 @@ def _payment_method(db: DomainDB, user_id: str, pm_id: str) -> dict:
     if pm_id not in methods:
         raise Rejected(f"Payment method {pm_id} not found")
     return methods[pm_id]
+
+
+def _add_to_gift_card(db: DomainDB, user_id: str, pm_id: str, dollars: float) -> None:
+    """Gift cards are paid from and refunded to at once (other methods outside the DB); the
+    balance is rounded to cents after every change, as the benchmark does."""
+    card = db.mut("users", user_id, "User")["payment_methods"][pm_id]
+    card["balance"] = round(card["balance"] + dollars, 2)
 
 
 def _check_counts(order: dict, item_ids: list[str]) -> None:
@@ -81,9 +89,8 @@ def cancel_pending_order(db: DomainDB, a: dict) -> dict:
     for pay, method in zip(list(order["payment_history"]), methods):
         refunds.append({"transaction_type": "refund", "amount": pay["amount"],
                         "payment_method_id": pay["payment_method_id"]})
-        if method["source"] == "gift_card":  # gift cards are refunded at once
-            card = db.mut("users", order["user_id"], "User")["payment_methods"][method["id"]]
-            card["balance"] = round(card["balance"] + pay["amount"], 2)
+        if method["source"] == "gift_card":
+            _add_to_gift_card(db, order["user_id"], method["id"], pay["amount"])
     order["status"] = "cancelled"
     order["cancel_reason"] = a["reason"]
     order["payment_history"].extend(refunds)
@@ -109,22 +116,24 @@ def exchange_delivered_order_items(db: DomainDB, a: dict) -> dict:
     return order
 
 
-def find_user_id_by_name_zip(db: DomainDB, a: dict) -> str:
+def _find_user(db: DomainDB, matches: Callable[[dict], bool]) -> str:
+    """The first user (in DB order) that `matches`, marked as read."""
     for user_id, user in db.tables["users"].items():
-        if (user["name"]["first_name"].lower() == a["first_name"].lower()
-                and user["name"]["last_name"].lower() == a["last_name"].lower()
-                and user["address"]["zip"] == a["zip"]):
+        if matches(user):
             db.mark("users", user_id)
             return user_id
     raise Rejected("User not found")
+
+
+def find_user_id_by_name_zip(db: DomainDB, a: dict) -> str:
+    return _find_user(db, lambda user: (
+        user["name"]["first_name"].lower() == a["first_name"].lower()
+        and user["name"]["last_name"].lower() == a["last_name"].lower()
+        and user["address"]["zip"] == a["zip"]))
 
 
 def find_user_id_by_email(db: DomainDB, a: dict) -> str:
-    for user_id, user in db.tables["users"].items():
-        if user["email"].lower() == a["email"].lower():
-            db.mark("users", user_id)
-            return user_id
-    raise Rejected("User not found")
+    return _find_user(db, lambda user: user["email"].lower() == a["email"].lower())
 
 
 def list_all_product_types(db: DomainDB, a: dict) -> str:
@@ -158,8 +167,7 @@ def modify_pending_order_items(db: DomainDB, a: dict) -> dict:
                                      "amount": abs(diff),
                                      "payment_method_id": a["payment_method_id"]})
     if method["source"] == "gift_card":
-        card = db.mut("users", order["user_id"], "User")["payment_methods"][a["payment_method_id"]]
-        card["balance"] = round(card["balance"] - diff, 2)
+        _add_to_gift_card(db, order["user_id"], a["payment_method_id"], -diff)
     for old_id, new_id in zip(a["item_ids"], a["new_item_ids"]):
         item = next(it for it in order["items"] if it["item_id"] == old_id)
         item["item_id"] = new_id
@@ -190,12 +198,10 @@ def modify_pending_order_payment(db: DomainDB, a: dict) -> dict:
     order["payment_history"].extend([
         {"transaction_type": "payment", "amount": amount, "payment_method_id": a["payment_method_id"]},
         {"transaction_type": "refund", "amount": amount, "payment_method_id": old_id}])
-    if method["source"] == "gift_card" or old_method["source"] == "gift_card":
-        methods = db.mut("users", order["user_id"], "User")["payment_methods"]
-        if method["source"] == "gift_card":
-            methods[a["payment_method_id"]]["balance"] = round(method["balance"] - amount, 2)
-        if old_method["source"] == "gift_card":
-            methods[old_id]["balance"] = round(methods[old_id]["balance"] + amount, 2)
+    if method["source"] == "gift_card":
+        _add_to_gift_card(db, order["user_id"], a["payment_method_id"], -amount)
+    if old_method["source"] == "gift_card":
+        _add_to_gift_card(db, order["user_id"], old_id, amount)
     return order
 
 
@@ -230,28 +236,24 @@ _ADDRESS = {"address1": s("First address line, such as '123 Main St'."),
             "address2": s("Second address line, such as 'Apt 1' or ''."),
             "city": s("City, such as 'San Francisco'."), "state": s("State, such as 'CA'."),
             "country": s("Country, such as 'USA'."), "zip": s("Zip code, such as '12345'.")}
-_CONFIRM = " Explain the details and get explicit user confirmation (yes) first."
 _NEW_ITEMS = arr(s("A new item id."), "New item ids, position by position the same product "
                  "as item_ids.")
+# exchange_delivered_order_items and modify_pending_order_items take the same arguments
+_SWAP = obj({"order_id": _ORDER_ID, "item_ids": _ITEMS, "new_item_ids": _NEW_ITEMS,
+             "payment_method_id": _PM_ID})
 
 FUNCTIONS: tuple[DomainFunction, ...] = (
-    DomainFunction(name="calculate", kind="generic",
-                   description="Evaluate an arithmetic expression (numbers, + - * /, parentheses); "
-                               "result rounded to 2 decimals.",
-                   parameters=obj({"expression": s("Such as '2 + 2'.")}),
-                   fn=lambda db, a: safe_calculate(a["expression"])),
+    CALCULATE,
     DomainFunction(name="cancel_pending_order", kind="write", fn=cancel_pending_order,
                    description="Cancel a pending order and refund its payments (gift cards at once, "
-                               "others in 5-7 business days)." + _CONFIRM,
+                               "others in 5-7 business days)." + CONFIRM,
                    parameters=obj({"order_id": _ORDER_ID,
                                    "reason": s("Why the order is cancelled.", _CANCEL_REASONS)})),
     DomainFunction(name="exchange_delivered_order_items", kind="write",
                    fn=exchange_delivered_order_items,
                    description="Exchange items of a delivered order for other variants of the same "
-                               "product; allowed once per order." + _CONFIRM,
-                   parameters=obj({"order_id": _ORDER_ID, "item_ids": _ITEMS,
-                                   "new_item_ids": _NEW_ITEMS,
-                                   "payment_method_id": _PM_ID})),
+                               "product; allowed once per order." + CONFIRM,
+                   parameters=_SWAP),
     DomainFunction(name="find_user_id_by_email", kind="read", fn=find_user_id_by_email,
                    description="Find a user id by email.",
                    parameters=obj({"email": s("Such as 'something@example.com'.")})),
@@ -275,27 +277,21 @@ FUNCTIONS: tuple[DomainFunction, ...] = (
                    description="Names and product ids of all 50 product types, as JSON.",
                    parameters=obj({})),
     DomainFunction(name="modify_pending_order_address", kind="write", fn=modify_pending_order_address,
-                   description="Change the shipping address of a pending order." + _CONFIRM,
+                   description="Change the shipping address of a pending order." + CONFIRM,
                    parameters=obj({"order_id": _ORDER_ID, **_ADDRESS})),
     DomainFunction(name="modify_pending_order_items", kind="write", fn=modify_pending_order_items,
                    description="Swap items of a pending order for other variants of the same product; "
-                               "allowed once per order." + _CONFIRM,
-                   parameters=obj({"order_id": _ORDER_ID, "item_ids": _ITEMS,
-                                   "new_item_ids": _NEW_ITEMS,
-                                   "payment_method_id": _PM_ID})),
+                               "allowed once per order." + CONFIRM,
+                   parameters=_SWAP),
     DomainFunction(name="modify_pending_order_payment", kind="write", fn=modify_pending_order_payment,
-                   description="Change the payment method of a pending order." + _CONFIRM,
+                   description="Change the payment method of a pending order." + CONFIRM,
                    parameters=obj({"order_id": _ORDER_ID, "payment_method_id": _PM_ID})),
     DomainFunction(name="modify_user_address", kind="write", fn=modify_user_address,
-                   description="Change a user's default address." + _CONFIRM,
+                   description="Change a user's default address." + CONFIRM,
                    parameters=obj({"user_id": _USER_ID, **_ADDRESS})),
     DomainFunction(name="return_delivered_order_items", kind="write", fn=return_delivered_order_items,
                    description="Request the return of items of a delivered order; the refund goes to "
-                               "the original payment method or a gift card." + _CONFIRM,
+                               "the original payment method or a gift card." + CONFIRM,
                    parameters=obj({"order_id": _ORDER_ID, "item_ids": _ITEMS, "payment_method_id": _PM_ID})),
-    DomainFunction(name="transfer_to_human_agents", kind="generic",
-                   fn=lambda db, a: "Transfer successful",
-                   description="Transfer the user to a human agent with a summary; only if the user "
-                               "asks for one or the request cannot be handled under the policy.",
-                   parameters=obj({"summary": s("A summary of the user's issue.")})),
+    TRANSFER_TO_HUMAN_AGENTS,
 )
