@@ -56,6 +56,16 @@ async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolE
         return failed, 0.0
 
 
+def sum_counters(deltas: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Key-wise sum of client counter deltas (`SGLangClient.take_counters`), e.g. the ones each
+    worker episode brings back."""
+    total: dict[str, int] = {}
+    for delta in deltas:
+        for key, value in delta.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
 def drop_stale(trajectories: Iterable[Trajectory], version: str) -> dict[str, float]:
     """Fail every trajectory with a turn the sampler reported from weights other than `version`
     (a server whose weight sync failed keeps serving the old policy): its tokens would train on
@@ -90,10 +100,17 @@ class EpisodePlayer:
         self.sampler = SGLangClient(SGLangClientConfig(urls=sampler_urls))
         self.executor: ToolExecutor | None = None
 
-    async def play(self, job: EpisodeJob) -> tuple[Trajectory, float]:
+    async def play(self, job: EpisodeJob) -> tuple[Trajectory, float, dict[str, int]]:
+        """(trajectory, outcome, client counters): the counters are this worker's SGLang client's
+        requests, retries and failed requests since the previous episode that ended here. The
+        episodes of a worker share its client, so one episode's deltas may include a concurrent
+        episode's retries; every retry is reported once, by the first episode to end after it,
+        and the sum over a batch is exact (all its requests are done when its last episode ends).
+        """
         if self.executor is None:  # made inside the worker's event loop
             self.executor = ToolExecutor()
-        return await play(self.env, self.sampler, self.codec, self.executor, job)
+        trajectory, outcome = await play(self.env, self.sampler, self.codec, self.executor, job)
+        return trajectory, outcome, self.sampler.take_counters()
 
     async def aclose(self) -> None:
         await self.sampler.aclose()

@@ -95,6 +95,7 @@ class Trainer:
                                 self.executor) if cfg.agent.mode == "subagent" else None)
         self.pool: EpisodePool | None = None  # rollout.workers > 0: started by _rl
         self._server = None
+        self._worker_counters: dict[str, int] = {}  # workers' client counters not yet logged
         self.episode_cfg = EpisodeConfig(
             max_turns=cfg.rollout.max_turns, context_tokens=cfg.rollout.context_tokens,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -199,7 +200,7 @@ class Trainer:
             stale = episodes.drop_stale((tr for gr in groups for tr in gr),
                                         str(self._global_step()))
             batch, stats = self._make_batch(tasks, groups, outcome)
-            stats |= stale | _sampler_counters(self.sampler)
+            stats |= stale | self._sampler_counters()
             if self.ref_params is not None:
                 # To host like the rest of the batch: the step places it on its own shardings.
                 batch["ref_logprobs"] = np.asarray(self._ref_logprobs(
@@ -264,6 +265,10 @@ class Trainer:
                 for t, seed in zip((t for t in tasks for _ in range(group)), seeds)]
         if self.pool is not None:
             played = await self.pool.play(jobs)
+            # Each episode brings its worker's client counters back; the next row logs them.
+            self._worker_counters = episodes.sum_counters(
+                [self._worker_counters, *(counters for _, _, counters in played)])
+            played = [(traj, outcome) for traj, outcome, _ in played]
         else:
             gate = asyncio.Semaphore(self.cfg.rollout.max_in_flight)
 
@@ -355,21 +360,23 @@ class Trainer:
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
                "latency_mean": float(np.mean([tr.latency for tr in flat]))}
-        return row | self.env.stats(tasks, groups)
+        return row | self.env.stats(tasks, groups) | self._sampler_counters()
+
+    def _sampler_counters(self) -> dict[str, float]:
+        """Sampler requests, retries and failed requests since the previous row (a step's or an
+        eval's rollouts): the trainer's own SGLang client (episodes on this event loop) plus the
+        episode workers' clients (their counters come back with the episodes). Empty for the
+        embedded sampler on this event loop, which has no client."""
+        own = self.sampler.take_counters() if isinstance(self.sampler, SGLangClient) else {}
+        total = episodes.sum_counters([own, self._worker_counters])
+        self._worker_counters = {}
+        return {f"rollout_{k}": float(v) for k, v in total.items()}
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
         self.metrics.write(row, self._global_step())
         log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in row.items()))
         return row
-
-
-def _sampler_counters(sampler: Any) -> dict[str, float]:
-    """The SGLang client's retries and failed requests during this step (when it runs in this
-    process; episode workers keep their own clients)."""
-    if not isinstance(sampler, SGLangClient):
-        return {}
-    return {f"rollout_{k}": float(v) for k, v in sampler.take_counters().items()}
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
