@@ -1,17 +1,24 @@
 """SFT warm-start data from JSONL (grain): packed batches hold exactly the unpacked sequences
-and loss masks; conversations get loss on assistant turns only; files stream."""
+and loss masks, and train like them (same loss, same gradient, one compile per shape);
+conversations get loss on assistant turns only; files stream."""
 
 import json
 import sys
 
 import absl.flags
+import chex
+import jax
 import numpy as np
 import pytest
 
+from orchestrax import models, rl
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.data.sft import JsonlSource, Tokenise, sft_batches, unpack
 from orchestrax.train.warmstart import ConversationRenderer, jsonl_batches
+
+MCFG = models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1,
+                          num_heads=4, num_kv_heads=2, head_dim=8)
 
 
 def _records(n, seed=0):
@@ -103,6 +110,106 @@ def test_conversations_get_loss_on_assistant_turns_only(tmp_path):
     path = _write(tmp_path / "c.jsonl", [{"messages": messages}] * 3)
     batch = next(jsonl_batches([str(path)], codec, seq_len=256, batch_size=2, seed=0, workers=0,
                                start=0))
-    assert sorted(batch) == ["attention_mask", "loss_mask", "tokens"]
+    assert sorted(batch) == ["attention_mask", "loss_mask", "positions", "segment_ids", "tokens"]
     total = int(batch["loss_mask"].sum())  # whole conversations packed, several to a row
     assert total > 0 and total % sum(mask) == 0
+
+
+def unpacked(batch, seq_len):
+    """The sequences of a packed batch, one per row, right-padded: the batch packing replaces."""
+    seqs = list(unpack(batch))
+    out = {"tokens": np.zeros((len(seqs), seq_len), np.int32),
+           "attention_mask": np.zeros((len(seqs), seq_len), np.int32),
+           "loss_mask": np.zeros((len(seqs), seq_len), np.int32)}
+    for i, seq in enumerate(seqs):
+        n = len(seq["tokens"])
+        out["tokens"][i, :n], out["attention_mask"][i, :n] = seq["tokens"], 1
+        out["loss_mask"][i, :n] = seq["loss_mask"]
+    return out
+
+
+def sft_loss(params, batch):
+    """Token-mean cross-entropy over loss_mask, packed rows or not."""
+    logp = models.token_logprobs(MCFG, params, batch["tokens"], batch["attention_mask"],
+                                 segment_ids_BT=batch.get("segment_ids"),
+                                 positions_BT=batch.get("positions"))
+    return rl.sft_loss(logp, batch["loss_mask"] * batch["attention_mask"])[0]
+
+
+def packed_batch(tmp_path, seq_len=48, batch_size=3):
+    path = _write(tmp_path / "r.jsonl", _records(30, seed=3))
+    return next(jsonl_batches([str(path)], None, seq_len=seq_len, batch_size=batch_size, seed=0,
+                              workers=0, start=0))
+
+
+def test_packed_sft_loss_and_gradient_equal_the_unpacked(tmp_path):
+    batch = packed_batch(tmp_path)
+    rows = unpacked(batch, 48)
+    n_seg = [len(np.unique(r[r > 0])) for r in batch["segment_ids"]]
+    assert max(n_seg) >= 2 and (batch["segment_ids"] == 0).any()  # packing and padding happen
+    params = models.init_params(MCFG, seed=4)
+    grad = jax.jit(jax.value_and_grad(sft_loss))
+    loss, g = grad(params, batch)
+    want_loss, want_g = grad(params, rows)
+    assert float(loss) == pytest.approx(float(want_loss), abs=1e-6)
+    chex.assert_trees_all_close(g, want_g, atol=1e-6, rtol=1e-5)
+    # The comparison can tell: the same rows with no segment mask give another gradient.
+    _, g_whole_row = grad(params, {k: batch[k] for k in ("tokens", "attention_mask",
+                                                          "loss_mask", "positions")})
+    with pytest.raises(AssertionError):
+        chex.assert_trees_all_close(g_whole_row, want_g, atol=1e-6, rtol=1e-5)
+
+
+def test_the_sft_step_trains_packed_rows_like_unpacked_ones(tmp_path):
+    """One step of the jitted SFT update: same loss metric and gradient norm, same new params
+    (Adam with eps = 1 makes its first step ~ lr·g, so params compare gradients)."""
+    batch = packed_batch(tmp_path)
+    ocfg = rl.OptimizerConfig(lr=0.1, eps=1.0, weight_decay=0.0, max_grad_norm=None)
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft", compute_entropy=False),
+                              ocfg).step
+    fresh = lambda: rl.init_state(models.init_params(MCFG, seed=4), ocfg)  # noqa: E731
+    s_packed, m_packed = step(fresh(), batch)
+    s_rows, m_rows = step(fresh(), unpacked(batch, 48))
+    assert float(m_packed["loss"]) == pytest.approx(float(m_rows["loss"]), abs=1e-6)
+    assert float(m_packed["grad_norm"]) == pytest.approx(float(m_rows["grad_norm"]), rel=1e-5)
+    assert float(m_packed["policy_tokens"]) == float(m_rows["policy_tokens"])
+    chex.assert_trees_all_close(s_packed.params, s_rows.params, atol=1e-6, rtol=0)
+
+
+def test_packed_sft_steps_compile_once_per_shape(tmp_path, monkeypatch):
+    from orchestrax.rl import train_step
+    chex.clear_trace_counter()
+    monkeypatch.setattr(train_step, "_train_step",
+                        chex.assert_max_traces(train_step._train_step, n=1))
+    ocfg = rl.OptimizerConfig(lr=1e-3)
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft", compute_entropy=False),
+                              ocfg).step
+    state = rl.init_state(models.init_params(MCFG, seed=4), ocfg)
+    path = _write(tmp_path / "r.jsonl", _records(30, seed=3))
+    batches = jsonl_batches([str(path)], None, seq_len=48, batch_size=2, seed=0, workers=0,
+                            start=0)
+    for _ in range(4):                   # new packings, same keys and shapes: no retrace
+        state, _ = step(state, next(batches))
+    assert int(state.counters["train_steps"]) == 4
+    longer = next(jsonl_batches([str(path)], None, seq_len=64, batch_size=2, seed=0, workers=0,
+                                start=0))
+    with pytest.raises(AssertionError, match="traced > 1 times"):
+        step(state, longer)               # a new shape is a new trace
+
+
+def test_packed_rows_are_for_the_sft_step_only(tmp_path):
+    batch = packed_batch(tmp_path, batch_size=2)
+    grpo = rl.make_train_step(MCFG, rl.GRPOConfig(compute_entropy=False),
+                              rl.OptimizerConfig()).step
+    state = rl.init_state(models.init_params(MCFG, seed=4), rl.OptimizerConfig())
+    with pytest.raises(ValueError, match=r"packed rows; they are for objective='sft' only "
+                                         r"\(got objective='grpo'"):
+        grpo(state, {**batch, "advantages": np.zeros(2, np.float32)})
+    sft = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft"), rl.OptimizerConfig()).step
+    with pytest.raises(ValueError, match=r"batch has \['segment_ids'\] without the rest"):
+        sft(state, {k: v for k, v in batch.items() if k != "positions"})
+    seq_mean = rl.make_train_step(MCFG, rl.GRPOConfig(objective="sft", agg="seq-mean-token-mean"),
+                                  rl.OptimizerConfig()).step
+    with pytest.raises(ValueError, match="packed rows need GRPOConfig.agg='token-mean'; "
+                                         "agg='seq-mean-token-mean'"):
+        seq_mean(state, batch)

@@ -7,7 +7,8 @@ Batch (all [B,T] aligned with `tokens`, position t = token t predicted from toke
   tokens int32, attention_mask, loss_mask (1 on policy tokens), advantages [B],
   optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: recomputed with the
   current params before the first update), sampler_logprobs (gap metric, truncated IS),
-  ref_logprobs (needed when kl_coef > 0).
+  ref_logprobs (needed when kl_coef > 0); objective "sft" only: segment_ids + positions for
+  packed rows (several sequences per row, each attending only to itself; models.hidden_states).
 One call runs ppo_epochs × num_minibatches optimizer updates, each accumulating gradients over
 num_microbatches micro-batches whose loss weights come from the whole minibatch, so accumulation
 reproduces the big-batch gradient. Rows go to micro-batches in a fixed strided order, or in a
@@ -36,7 +37,8 @@ from orchestrax.rl.state import (Batch, TrainState, batch_shardings, data_parall
 
 Metrics = dict[str, jax.Array]
 _ROW_KEYS = ("tokens", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
-             "ref_logprobs", "advantages", "sample_mask")
+             "ref_logprobs", "advantages", "sample_mask", "segment_ids", "positions")
+_PACKED_KEYS = ("segment_ids", "positions")
 
 
 class TrainStep(NamedTuple):
@@ -66,6 +68,22 @@ def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
                          f"= {gcfg.num_minibatches} × {gcfg.num_microbatches}")
     if gcfg.kl_coef > 0 and "ref_logprobs" not in batch:
         raise ValueError("GRPOConfig.kl_coef > 0 needs batch['ref_logprobs']")
+    _check_packed(batch, gcfg)
+
+
+def _check_packed(batch: Batch, gcfg: GRPOConfig) -> None:
+    packed = [k for k in _PACKED_KEYS if k in batch]
+    if not packed:
+        return
+    if gcfg.objective != "sft":
+        raise ValueError(f"batch has {packed}, packed rows; they are for objective='sft' only "
+                         f"(got objective={gcfg.objective!r}: rollout rows are not packed)")
+    if len(packed) != len(_PACKED_KEYS):
+        raise ValueError(f"batch has {packed} without the rest of {_PACKED_KEYS}; packed rows "
+                         "need both")
+    if gcfg.agg != "token-mean":
+        raise ValueError(f"packed rows need GRPOConfig.agg='token-mean'; agg={gcfg.agg!r} would "
+                         "weigh each row of several sequences as one sequence")
 
 
 def _check_data_parallel(batch: Batch, mesh: Mesh, rules: parallel.Rules) -> None:
@@ -129,12 +147,14 @@ def _shuffled(mb: Batch, key: jax.Array) -> Batch:
     return jax.tree.map(one, mb)
 
 
-def _logprobs(mcfg, gcfg: GRPOConfig, params, tokens, attn):
-    """(logp [.., T], entropy or None) of `tokens` under log_softmax(logits / temperature)."""
+def _logprobs(mcfg, gcfg: GRPOConfig, params, tokens, attn, segment_ids=None, positions=None):
+    """(logp [.., T], entropy or None) of `tokens` under log_softmax(logits / temperature);
+    packed rows with `segment_ids` and `positions`."""
     with jax.named_scope("token_logprobs"):
         out = models.token_logprobs(mcfg, params, tokens, attn, temperature=gcfg.temperature,
                                     return_entropy=gcfg.compute_entropy,
-                                    chunk_size=gcfg.logprob_chunk)
+                                    chunk_size=gcfg.logprob_chunk, segment_ids_BT=segment_ids,
+                                    positions_BT=positions)
     return out if gcfg.compute_entropy else (out, None)
 
 
@@ -160,7 +180,8 @@ def _with_loss_weights(mb: Batch, gcfg: GRPOConfig) -> Batch:
 
 
 def _micro_loss(params, x: Batch, *, mcfg, gcfg: GRPOConfig):
-    logp, ent = _logprobs(mcfg, gcfg, params, x["tokens"], x["attention_mask"])
+    logp, ent = _logprobs(mcfg, gcfg, params, x["tokens"], x["attention_mask"],
+                          x.get("segment_ids"), x.get("positions"))
     with jax.named_scope("loss"):
         if gcfg.objective == "sft":
             return sft_loss(logp, x["mask"], weights=x["w"])

@@ -2,10 +2,11 @@
 JSONL files of trajectories (`TrainConfig.sft_data`) through the grain pipeline of
 `orchestrax.data.sft`.
 
-Packed rows hold several sequences one after another. The model attends over the whole row
-(it has no segment mask yet), so a packed sequence sees the ones before it in its row, as in
-TRL's classic packing; positions run on across the row. The batches carry `segment_ids` and
-`positions` for the day the model takes them; the step is given tokens and masks only.
+JSONL rows are packed: several sequences one after another, each with its `segment_ids` and
+`positions` (restarting at 0), which the SFT step passes to the model, so a sequence attends only
+to itself and sees the positions it would alone: its logprobs, token-mean loss and gradient
+equal those of the same sequences unpacked (tests/test_data_sft.py). Demonstration batches hold
+one sequence a row and carry neither.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from orchestrax.data.sft import sft_batches
 _ASSISTANT = re.compile(r"(<\|im_start\|>assistant\n(?:<think>\n\n</think>\n\n)?)(.*?<\|im_end\|>)",
                         re.S)
 _STEP_KEYS = ("tokens", "attention_mask", "loss_mask")
+_PACKED_STEP_KEYS = _STEP_KEYS + ("segment_ids", "positions")
 
 
 class ConversationRenderer:
@@ -52,8 +54,9 @@ class ConversationRenderer:
 
 def jsonl_batches(paths: Sequence[str], codec: Any, *, seq_len: int, batch_size: int,
                   seed: int, workers: int, start: int) -> Iterator[dict[str, np.ndarray]]:
-    """The train step's SFT batches ([B, seq_len] tokens / attention_mask / loss_mask) from
-    JSONL files, skipping the `start` batches a resumed run has already trained on."""
+    """The train step's packed SFT batches ([B, seq_len] tokens / attention_mask / loss_mask /
+    segment_ids / positions) from JSONL files, skipping the `start` batches a resumed run has
+    already trained on."""
     if workers:
         import absl.flags  # grain's worker processes read absl flags
         if not absl.flags.FLAGS.is_parsed():
@@ -63,7 +66,7 @@ def jsonl_batches(paths: Sequence[str], codec: Any, *, seq_len: int, batch_size:
     for _ in range(start):
         next(it)
     for batch in it:
-        yield {k: batch[k] for k in _STEP_KEYS}
+        yield {k: batch[k] for k in _PACKED_STEP_KEYS}
 
 
 def demo_batches(demos: Sequence[Any], *, pad_id: int, seq_len: int, batch_size: int, seed: int,
