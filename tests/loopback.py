@@ -1,7 +1,8 @@
 """Real aiohttp servers on 127.0.0.1 with an OS-picked port, for tests of HTTP clients: any app
 (`serve_app`), a scripted OpenAI-compatible chat server (`ScriptedChatServer`) for the judge
 and user-simulator clients, and `orchestrax serve` itself, in process (`run_serve`) or as a
-subprocess (`start_tiny_server`)."""
+subprocess (`start_tiny_server`) with the trainer's multi-turn episodes against it
+(`token_episode`)."""
 
 import asyncio
 import contextlib
@@ -12,6 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.server import ServerState, bound_port, start
 
 Responder = Callable[[dict[str, Any]], "str | tuple[int, str]"]
@@ -100,3 +102,32 @@ def run_serve(make_state: Callable[[], ServerState],
         finally:
             await runner.cleanup()
     return asyncio.run(main())
+
+
+TOOL_RESPONSE_IDS = (10, 11, 12, 13)  # stands in for a tool response appended with loss mask 0
+
+
+async def token_episode(client: Any, i: int, turns: int, *,
+                        max_new_tokens: int) -> tuple[list[int], list[int], list]:
+    """A multi-turn token-in/token-out episode through `client.generate`, as the trainer runs
+    one: each turn's output and a stand-in tool response are appended to the prompt. Returns
+    (ids, loss mask: 1 on sampled tokens, results); turn t's request has rid `ep{i}-turn{t}`."""
+    ids, mask, results = [1 + i % 50, 7, 8, 9], [0, 0, 0, 0], []
+    for t in range(turns):
+        res = (await client.generate([GenerateRequest(
+            input_ids=tuple(ids), rid=f"ep{i}-turn{t}",
+            sampling=SamplingParams(temperature=0.8, max_new_tokens=max_new_tokens,
+                                    sampling_seed=i))]))[0]
+        results.append(res)
+        ids += list(res.output_ids) + list(TOOL_RESPONSE_IDS)
+        mask += [1] * len(res.output_ids) + [0] * len(TOOL_RESPONSE_IDS)
+    return ids, mask, results
+
+
+def check_token_episode(ids: list[int], mask: list[int], results: list, turns: int) -> None:
+    """Every turn ended normally, and ids/mask hold exactly the prompt, each output (the
+    sampled tokens, one logprob each) and each tool response."""
+    assert len(results) == turns
+    assert all(r.finish_reason in ("stop", "length") for r in results)
+    assert len(ids) == len(mask) == 4 + sum(len(r.output_ids) for r in results) + turns * 4
+    assert sum(mask) == sum(len(r.logprobs) for r in results)

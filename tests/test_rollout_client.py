@@ -4,29 +4,11 @@ token-in/token-out episodes keep going when one server is SIGKILLed mid-batch.""
 import asyncio
 
 import pytest
-from loopback import free_port, start_tiny_server
+from loopback import check_token_episode, free_port, start_tiny_server, token_episode
 
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.base import GenerateRequest
 from orchestrax.rollout.sglang_client import (SamplerUnavailable, SGLangClient,
                                               SGLangClientConfig)
-
-TOOL_RESPONSE_IDS = (10, 11, 12, 13)  # stands in for a tool-response block appended with mask 0
-
-
-
-
-async def episode(client: SGLangClient, i: int, turns: int) -> tuple[list[int], list[int], list]:
-    ids = [1 + i % 50, 7, 8, 9]
-    mask = [0] * len(ids)
-    results = []
-    for _ in range(turns):
-        res = (await client.generate([GenerateRequest(
-            input_ids=tuple(ids), sampling=SamplingParams(temperature=0.8, max_new_tokens=12,
-                                                          sampling_seed=i))]))[0]
-        results.append(res)
-        ids += list(res.output_ids) + list(TOOL_RESPONSE_IDS)
-        mask += [1] * len(res.output_ids) + [0] * len(TOOL_RESPONSE_IDS)
-    return ids, mask, results
 
 
 @pytest.mark.slow
@@ -38,7 +20,7 @@ def test_episodes_survive_a_server_killed_mid_batch():
             cfg = SGLangClientConfig(urls=tuple(f"http://127.0.0.1:{p}" for p in ports),
                                      health_interval_s=0.2, retry_backoff_s=0.01)
             async with SGLangClient(cfg) as client:
-                tasks = [asyncio.create_task(episode(client, i, turns=3)) for i in range(16)]
+                tasks = [asyncio.create_task(token_episode(client, i, 3, max_new_tokens=12)) for i in range(16)]
                 victim = client.servers[0]
                 while victim.outstanding == 0:  # kill while requests are in flight there
                     await asyncio.sleep(0.001)
@@ -62,7 +44,5 @@ def test_episodes_survive_a_server_killed_mid_batch():
     assert len(out) == 16 and stats["retries"] >= 1 and stats["failures"] == 0
     assert healthy == [False, True]
     for ids, mask, results in out:
-        assert len(results) == 3 and all(r.finish_reason in ("stop", "length") for r in results)
-        assert len(ids) == len(mask) == 4 + sum(len(r.output_ids) for r in results) + 3 * 4
-        assert sum(mask) == sum(len(r.logprobs) for r in results)
+        check_token_episode(ids, mask, results, 3)
         assert all(r.weight_version == "default" for r in results)

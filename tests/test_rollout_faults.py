@@ -10,16 +10,11 @@ import itertools
 import aiohttp
 import pytest
 from aiohttp import web
-from loopback import free_port, serve_app, start_tiny_server
+from loopback import check_token_episode, free_port, serve_app, start_tiny_server, token_episode
 
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
-
-TOOL_IDS = (10, 11, 12, 13)   # stands in for a tool response appended with loss mask 0
-
-
 
 
 def fault_proxy(upstream: str, faults, delay_s: float = 0.0):
@@ -62,18 +57,6 @@ def fault_proxy(upstream: str, faults, delay_s: float = 0.0):
     return app, seen
 
 
-async def episode(client: SGLangClient, i: int, turns: int):
-    ids, mask, results = [1 + i % 50, 7, 8, 9], [0, 0, 0, 0], []
-    for t in range(turns):
-        res = (await client.generate([GenerateRequest(
-            input_ids=tuple(ids), rid=f"ep{i}-turn{t}",
-            sampling=SamplingParams(temperature=0.8, max_new_tokens=10, sampling_seed=i))]))[0]
-        results.append(res)
-        ids += list(res.output_ids) + list(TOOL_IDS)
-        mask += [1] * len(res.output_ids) + [0] * len(TOOL_IDS)
-    return ids, mask, results
-
-
 @pytest.mark.slow
 def test_a_step_survives_500s_truncated_json_a_kill_and_a_slow_server():
     episodes, turns = 16, 3
@@ -89,7 +72,7 @@ def test_a_step_survives_500s_truncated_json_a_kill_and_a_slow_server():
                 cfg = SGLangClientConfig(urls=(url_a, url_b), health_interval_s=0.2,
                                          retry_backoff_s=0.01, max_attempts=6)
                 async with SGLangClient(cfg) as client:
-                    tasks = [asyncio.create_task(episode(client, i, turns))
+                    tasks = [asyncio.create_task(token_episode(client, i, turns, max_new_tokens=10))
                              for i in range(episodes)]
                     while len(seen_a) < 8:  # kill A mid-step, once the faults were served
                         await asyncio.sleep(0.005)
@@ -106,10 +89,7 @@ def test_a_step_survives_500s_truncated_json_a_kill_and_a_slow_server():
     assert len(out) == episodes
     rids = []
     for ids, mask, results in out:
-        assert len(results) == turns
-        assert all(r.finish_reason in ("stop", "length") for r in results)
-        assert len(ids) == len(mask) == 4 + sum(len(r.output_ids) for r in results) + turns * 4
-        assert sum(mask) == sum(len(r.logprobs) for r in results)
+        check_token_episode(ids, mask, results, turns)
         rids += [r.rid for r in results]
     # Exactly one result per request, none lost and none twice, although some rids were sent
     # to both servers (the retried ones).
