@@ -20,7 +20,8 @@ def test_episodes_survive_a_server_killed_mid_batch():
             cfg = SGLangClientConfig(urls=tuple(f"http://127.0.0.1:{p}" for p in ports),
                                      health_interval_s=0.2, retry_backoff_s=0.01)
             async with SGLangClient(cfg) as client:
-                tasks = [asyncio.create_task(token_episode(client, i, 3, max_new_tokens=12)) for i in range(16)]
+                tasks = [asyncio.create_task(token_episode(client, i, 3, max_new_tokens=12))
+                         for i in range(16)]
                 victim = client.servers[0]
                 while victim.outstanding == 0:  # kill while requests are in flight there
                     await asyncio.sleep(0.001)
