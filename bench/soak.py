@@ -5,12 +5,16 @@
 Rollouts go through the SGLang client to two `orchestrax serve` processes, each behind a
 fault-injecting proxy (this script) that answers a share of /generate calls with HTTP 500 and
 cuts a share of the answers' JSON in half; every `--kill-every` seconds one server is SIGKILLed
-and restarted on its port. Inside the trainer, the routing env's tools hang (until the
-executor's 1 s timeout) or fail with a transient error at random. The trainer runs until the
-time is up and is then stopped with SIGTERM. Reported: RL steps, the client's retries and failed
-requests, faults injected, RSS of the trainer at its first RL step and at the end, lost episodes
-(episodes asked for minus episodes returned, must be 0) and failed ones. A line goes to
-bench/RESULTS.md.
+and restarted on its port. Episodes run in `--workers` episode worker processes (each with its
+own SGLang client, whose counters come back with the episodes), or on the trainer's event loop
+with `--workers 0`. The routing env's tools hang (until the executor's 1 s timeout) or fail
+with a transient error at random, in the trainer and in its workers. The trainer runs until the
+time is up and is then stopped with SIGTERM. Reported: RL steps, the retries and failed requests
+the trainer logged (summed over its rows), the failed /generate answers the proxies sent (the
+retries as the servers saw them: logged retries can only be fewer, by the unfinished last
+step's), RSS of the trainer and of its workers at the first RL step and at the end, lost
+episodes (episodes asked for minus episodes returned, must be 0), failed ones, and the load
+average. A line goes to bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import pathlib
 import random
 import shutil
@@ -30,7 +35,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P_500, P_TRUNCATED = 0.05, 0.02              # per /generate call, at the proxy
-P_TOOL_HANG, P_TOOL_ERROR = 0.03, 0.05       # per tool call, in the trainer
+P_TOOL_HANG, P_TOOL_ERROR = 0.03, 0.05       # per tool call, in the trainer and its workers
+FAULTS_ENV = "ORCHESTRAX_SOAK_TOOL_FAULTS"   # set in the trainer: its workers inject them too
 
 
 def _free_port() -> int:
@@ -40,16 +46,19 @@ def _free_port() -> int:
 
 
 class FaultProxy:
-    """Forwards to one server; injects 500s and truncated JSON on /generate."""
+    """Forwards to one server; injects 500s and truncated JSON on /generate. `counts` are per
+    /generate call: every one but "generate" is an answer the client retries."""
 
     def __init__(self, backend: str, seed: int):
         self.backend, self.rng = backend, random.Random(seed)
-        self.counts = {"500": 0, "truncated": 0, "backend_down": 0}
+        self.counts = {"generate": 0, "500": 0, "truncated": 0, "backend_down": 0,
+                       "backend_5xx": 0}
 
     async def handle(self, request):
         from aiohttp import ClientError, ClientSession, web
         body = await request.read()
         generate = request.path == "/generate"
+        self.counts["generate"] += generate
         if generate and self.rng.random() < P_500:
             self.counts["500"] += 1
             return web.Response(status=500, text="injected fault")
@@ -59,8 +68,9 @@ class FaultProxy:
                     headers={"Content-Type": request.content_type}) as resp:
                 data, status, ctype = await resp.read(), resp.status, resp.content_type
         except (ClientError, OSError):
-            self.counts["backend_down"] += 1
+            self.counts["backend_down"] += generate
             return web.Response(status=502, text="backend down")
+        self.counts["backend_5xx"] += generate and status >= 500
         if generate and status == 200 and self.rng.random() < P_TRUNCATED:
             self.counts["truncated"] += 1
             data = data[: len(data) // 2]
@@ -98,6 +108,19 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (the trainer's episode workers), from /proc."""
+    kids = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
 def _rows(out: pathlib.Path) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -121,18 +144,22 @@ async def soak(args) -> dict:
     urls = [await p.start() for p in proxies]
     trainer = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--child", "--out", str(out), "--urls", ",".join(urls),
+        "--workers", str(args.workers),
         *(["--init-from", args.init_from] if args.init_from else []), cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=open(out / "trainer.log", "w"))
     start, deadline = time.time(), time.time() + 60 * args.minutes
-    rss_start = rss_end = None
+    rss_start = rss_end = workers_start = workers_end = None
+    loads = []
     kills, next_kill, victim = 0, time.time() + args.kill_every, 0
     while time.time() < deadline and trainer.returncode is None:
         await asyncio.sleep(1.0)
+        loads.append(os.getloadavg()[0])
         rss = _rss_mb(trainer.pid)
         if rss is not None:
-            rss_end = rss
+            workers = sum(filter(None, map(_rss_mb, _children(trainer.pid))))
+            rss_end, workers_end = rss, workers
             if rss_start is None and any(r["phase"] == "rl" for r in _rows(out / "run")):
-                rss_start = rss
+                rss_start, workers_start = rss, workers
         if time.time() >= next_kill:
             servers[victim].send_signal(signal.SIGKILL)
             await servers[victim].wait()
@@ -148,19 +175,26 @@ async def soak(args) -> dict:
         s.send_signal(signal.SIGTERM)
         await s.wait()
 
-    rows = [r for r in _rows(out / "run") if r["phase"] == "rl"]
+    logged = _rows(out / "run")  # eval rows carry their rollouts' counters too
+    rows = [r for r in logged if r["phase"] == "rl"]
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
     injected = {k: sum(p.counts[k] for p in proxies) for k in proxies[0].counts}
     return {
         "minutes": (time.time() - start) / 60, "steps": len(rows), "crashed": crashed,
-        "retries": sum(r.get("rollout_retries", 0) for r in rows),
-        "failed_requests": sum(r.get("rollout_failures", 0) for r in rows),
+        "workers": args.workers,
+        "retries": sum(r.get("rollout_retries", 0) for r in logged),
+        "failed_requests": sum(r.get("rollout_failures", 0) for r in logged),
+        "requests": sum(r.get("rollout_requests", 0) for r in logged),
+        "server_failed_answers": sum(injected[k] for k in ("500", "truncated", "backend_down",
+                                                            "backend_5xx")),
         "server_kills": kills, **{f"injected_{k}": v for k, v in injected.items()},
         "stale_turns": sum(r.get("rollout/stale_turns", 0) for r in rows),
         "episodes": sum(r["episodes"] for r in rows),
         "lost_episodes": sum(per_step - r["episodes"] for r in rows),
         "failed_episodes": sum(r["episodes_failed"] for r in rows),
         "rss_start_mb": rss_start, "rss_end_mb": rss_end,
+        "workers_rss_start_mb": workers_start, "workers_rss_end_mb": workers_end,
+        "load_mean": sum(loads) / max(1, len(loads)), "load_max": max(loads, default=0.0),
     }
 
 
@@ -169,26 +203,27 @@ def _demo():
     return runpy.run_path(str(ROOT / "configs" / "demo.py"))["config"]("cost")
 
 
-def _config(out: pathlib.Path, urls, init_from):
+def _config(out: pathlib.Path, urls, init_from, workers: int):
     """The demo's cost run, its rollouts through the proxies, until stopped."""
     import dataclasses
     demo = _demo()
     rollout = dataclasses.replace(demo.rollout, backend="sglang", server_urls=tuple(urls),
-                                  weight_sync_dir=str(out / "weights"))
+                                  weight_sync_dir=str(out / "weights"), workers=workers)
     return dataclasses.replace(demo, name="soak", out_dir=str(out / "run"), steps=10**6,
                                checkpoint_every=5, eval_every=0, rollout=rollout,
                                init_from=init_from)
 
 
-def child(args) -> None:
-    """The trainer, with the routing tools made flaky and a 1 s tool timeout."""
+def _inject_tool_faults() -> None:
+    """Make the routing env's tools flaky and the episodes' executor timeout 1 s, in this
+    process (the trainer's loop.py, which a worker never imports, is patched by `child`)."""
     import functools
 
     from orchestrax.agent import executor as ex
     from orchestrax.envs import routing
-    from orchestrax.train import loop, setup
+    from orchestrax.train import episodes
 
-    rng = random.Random(0)
+    rng = random.Random(os.getpid())
 
     class Flaky:
         def __init__(self, tool):
@@ -205,10 +240,26 @@ def child(args) -> None:
     tools = routing.RoutingEnv.tools
     routing.RoutingEnv.tools = lambda self, task: [Flaky(t) for t in tools(self, task)]
     limits = ex.ToolLimits(timeout_s=1.0, backoff_s=0.05, backoff_max_s=0.2)
-    loop.ToolExecutor = functools.partial(ex.ToolExecutor, ex.ExecutorConfig(default=limits))
+    episodes.ToolExecutor = functools.partial(ex.ToolExecutor, ex.ExecutorConfig(default=limits))
+    print(f"soak: tool faults on in pid {os.getpid()}", file=sys.stderr, flush=True)
+
+
+# Episode workers start with "spawn", which runs this file again as `__mp_main__` before
+# building the worker's player: the faults reach the workers' tools this way.
+if __name__ == "__mp_main__" and os.environ.get(FAULTS_ENV):
+    _inject_tool_faults()
+
+
+def child(args) -> None:
+    """The trainer, with the routing tools made flaky and a 1 s tool timeout."""
+    from orchestrax.train import episodes, loop, setup
+
+    os.environ[FAULTS_ENV] = "1"
+    _inject_tool_faults()
+    loop.ToolExecutor = episodes.ToolExecutor  # the executor of episodes on the trainer's loop
     setup.configure_logging()
     out = pathlib.Path(args.out)
-    loop.train(_config(out, args.urls.split(","), args.init_from))
+    loop.train(_config(out, args.urls.split(","), args.init_from, args.workers))
 
 
 def main() -> None:
@@ -216,6 +267,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between server kills")
     ap.add_argument("--out", default="runs/soak")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="episode worker processes (0: episodes on the trainer's event loop)")
     ap.add_argument("--init-from", help="a warm-start run directory (e.g. runs/demo/warmstart)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--urls", help=argparse.SUPPRESS)
@@ -226,14 +279,21 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     ok = result["lost_episodes"] == 0 and not result["crashed"] and result["steps"] > 0
     line = (f"- {datetime.date.today()} soak ({result['minutes']:.1f} min, demo config, faults "
-            f"on): {result['steps']} RL steps, {result['retries']:.0f} client retries, "
+            f"on, {args.workers} episode workers): {result['steps']} RL steps, "
+            f"{result['retries']:.0f} client retries logged (the proxies sent "
+            f"{result['server_failed_answers']} failed answers to "
+            f"{result['injected_generate']} /generate calls; the client logged "
+            f"{result['requests'] + result['retries']:.0f} attempts), "
             f"{result['failed_requests']:.0f} failed requests, {result['server_kills']} server "
             f"kills, injected {result['injected_500']} x 500 / {result['injected_truncated']} "
             f"truncated, {result['stale_turns']:.0f} stale turns dropped, "
             f"{result['episodes']:.0f} episodes, lost {result['lost_episodes']:.0f}, failed "
             f"{result['failed_episodes']:.0f}; trainer RSS {result['rss_start_mb'] or 0:.0f} -> "
-            f"{result['rss_end_mb'] or 0:.0f} MB; {'OK' if ok else 'FAILED'} "
-            f"(python bench/soak.py --minutes {args.minutes:g})\n")
+            f"{result['rss_end_mb'] or 0:.0f} MB, workers' RSS "
+            f"{result['workers_rss_start_mb'] or 0:.0f} -> {result['workers_rss_end_mb'] or 0:.0f}"
+            f" MB; load average {result['load_mean']:.1f} (max {result['load_max']:.1f}) on "
+            f"{os.cpu_count()} cores; {'OK' if ok else 'FAILED'} "
+            f"(python bench/soak.py --minutes {args.minutes:g} --workers {args.workers})\n")
     with open(ROOT / "bench" / "RESULTS.md", "a") as f:
         f.write(line)
     print(line, end="")
