@@ -142,7 +142,7 @@ def test_abort_result_and_queued_abort_reach_the_stream_hook(params):
     seen: dict[str, list] = {"a": [], "q": []}
     finals = {}
 
-    def hook(rid, ids, lps, result):
+    def hook(rid, ids, lps, top, result):
         seen[rid] += ids
         if result is not None:
             finals[rid] = result
@@ -163,14 +163,18 @@ def test_stop_ids_streaming_and_top_logprobs(params):
         [req(9, 60, new=10, t=1.0, sampling_seed=5)])[0]
     stop_at = first.output_ids[3]
     k = first.output_ids.index(stop_at)              # first occurrence
-    streamed = []
+    streamed, streamed_top = [], []
     eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, decode_steps=3,
                            top_logprobs=4)
+
+    def hook(rid, ids, lps, top, res):
+        streamed.extend(ids)
+        streamed_top.extend(top)
     rid = eng.submit(req(9, 60, new=10, t=1.0, sampling_seed=5, stop=(stop_at,), top=2),
-                     on_tokens=lambda rid, ids, lps, res: streamed.extend(ids))
+                     on_tokens=hook)
     res = {r.rid: r for r in eng.run()}[rid]
     assert res.output_ids == first.output_ids[:k + 1] and res.finish_reason == "stop"
-    assert tuple(streamed) == res.output_ids
+    assert tuple(streamed) == res.output_ids and tuple(streamed_top) == res.top_logprobs
     assert len(res.top_logprobs) == len(res.output_ids)
     for (tok, lp), top in zip(zip(res.output_ids, res.logprobs), res.top_logprobs):
         assert len(top) == 2 and top[0][1] >= top[1][1]

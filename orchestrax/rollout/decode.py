@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from orchestrax import models
-from orchestrax.rollout.sampling import apply_penalties, sample_next
+from orchestrax.rollout.sampling import sample_step
 
 
 class Rows(NamedTuple):
@@ -55,18 +55,11 @@ class Chunk(NamedTuple):
 
 def _sample(logits_BV: jax.Array, rows: Rows, counts_BV: jax.Array, step: jax.Array, *,
             n_top: int, penalize: bool):
-    if penalize:
-        logits_BV = apply_penalties(logits_BV.astype(jnp.float32), counts_BV, rows.presence_B,
-                                    rows.frequency_B)
-    token_B, logprob_B, logp_BV = sample_next(
-        logits_BV, temperature_B=rows.temperature_B, top_k_B=rows.top_k_B, top_p_B=rows.top_p_B,
-        seeds_B=rows.seeds_B, step=step)
-    b = logits_BV.shape[0]
-    if n_top:
-        top_lp_BK, top_ids_BK = jax.lax.top_k(logp_BV, n_top)
-    else:
-        top_lp_BK, top_ids_BK = jnp.zeros((b, 0), jnp.float32), jnp.zeros((b, 0), jnp.int32)
-    return token_B, logprob_B, top_ids_BK.astype(jnp.int32), top_lp_BK
+    extra = dict(counts_BV=counts_BV, presence_B=rows.presence_B,
+                 frequency_B=rows.frequency_B) if penalize else {}
+    return sample_step(logits_BV, temperature_B=rows.temperature_B, top_k_B=rows.top_k_B,
+                       top_p_B=rows.top_p_B, seeds_B=rows.seeds_B, step=step, n_top=n_top,
+                       **extra)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "total_len", "n_top", "penalize"))

@@ -24,11 +24,12 @@ per chunk-size bucket) and `_decode` (one compile per S bucket: it reads and wri
 first `span` positions of every slot, the smallest power-of-two bucket that holds the longest
 occupied row), asserted by tests with `chex.assert_max_traces`.
 
-Sampling follows `rollout.sampling` (temperature, top-k/top-p, penalties), with one difference
-that matters here: the draw for a row's j-th output token uses key fold_in(key(seed), j), j
-counted per row, so a request's tokens do not depend on when it joined or who shares its steps
-(the static path `rollout.decode` uses the same keys). Logprobs are log_softmax(logits / T)
-over the full vocabulary at the chosen id; greedy rows report T = 1.
+Sampling is `rollout.sampling.sample_step`, the static path's own (temperature, top-k,
+top-p, penalties), given one step index per row: the draw for a row's j-th output token uses
+key fold_in(key(seed), j), j counted per row, so a request's tokens do not depend on when it
+joined or who shares its steps (the static path `rollout.decode` uses the same keys).
+Logprobs are log_softmax(logits / T) over the full vocabulary at the chosen id; greedy rows
+report T = 1.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import numpy as np
 from orchestrax import models
 from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
                                      TopLogprobs)
-from orchestrax.rollout.sampling import apply_penalties, filter_top_k_top_p
+from orchestrax.rollout.sampling import sample_step
 from orchestrax.rollout.validate import request_ids_error
 
 MAX_STOP_IDS = 64   # stop ids per request (the server's ServeLimits.max_stop)
@@ -107,27 +108,9 @@ def _row_forward(cfg, params, ids_T, valid_T, k_LSKH, v_LSKH, mask_S, index):
 
 def _sample(logits_RV, s: SlotState, step_R, n_top: int):
     """Per-row sampling at per-row step indices -> (token, logprob, top ids, top logprobs)."""
-    logits_RV = apply_penalties(logits_RV.astype(jnp.float32), s.counts_RV, s.presence_R,
-                                s.frequency_R)
-    greedy_R = s.temperature_R <= 0
-    t_R = jnp.where(greedy_R, 1.0, s.temperature_R)
-    scaled_RV = logits_RV / t_R[:, None]
-    logp_RV = jax.nn.log_softmax(scaled_RV, axis=-1)
-    v = logits_RV.shape[-1]
-    needs_filter = jnp.any(((s.top_k_R > 0) & (s.top_k_R < v)) | (s.top_p_R < 1.0))
-    filtered_RV = jax.lax.cond(needs_filter, filter_top_k_top_p, lambda x, *_: x,
-                               scaled_RV, s.top_k_R, s.top_p_R)
-    keys = jax.vmap(lambda seed, j: jax.random.fold_in(jax.random.key(seed), j))(s.seed_R, step_R)
-    gumbel_RV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys)
-    sampled_R = jnp.argmax(filtered_RV + gumbel_RV, axis=-1)
-    token_R = jnp.where(greedy_R, jnp.argmax(logits_RV, axis=-1), sampled_R).astype(jnp.int32)
-    logprob_R = jnp.take_along_axis(logp_RV, token_R[:, None], axis=-1)[:, 0]
-    if n_top:
-        top_lp, top_ids = jax.lax.top_k(logp_RV, n_top)
-    else:
-        top_lp = jnp.zeros((token_R.shape[0], 0), jnp.float32)
-        top_ids = jnp.zeros((token_R.shape[0], 0), jnp.int32)
-    return token_R, logprob_R, top_ids.astype(jnp.int32), top_lp
+    return sample_step(logits_RV, temperature_B=s.temperature_R, top_k_B=s.top_k_R,
+                       top_p_B=s.top_p_R, seeds_B=s.seed_R, step=step_R, n_top=n_top,
+                       counts_BV=s.counts_RV, presence_B=s.presence_R, frequency_B=s.frequency_R)
 
 
 def _take_row(s: SlotState, slot) -> SlotState:
@@ -228,7 +211,9 @@ def bucket(n: int, *, lo: int, hi: int) -> int:
     return min(b, hi)
 
 
-StreamHook = Callable[[str, tuple[int, ...], tuple[float, ...], "GenerateResult | None"], None]
+# on_tokens(rid, new ids, their logprobs, their top logprobs (empty unless asked), result)
+StreamHook = Callable[[str, tuple[int, ...], tuple[float, ...], tuple[TopLogprobs, ...],
+                       "GenerateResult | None"], None]
 
 
 @dataclasses.dataclass(eq=False)
@@ -255,8 +240,14 @@ class ContinuousEngine:
     Synchronous and single-threaded: `submit` queues, `step` admits queued requests into free
     slots, runs one prefill chunk per prefilling slot and one decode dispatch (`decode_steps`
     steps), and returns the requests that finished; `run` steps until idle. An async server
-    drives `step` from its own loop. `on_tokens(rid, new_ids, new_logprobs, result)` is called
-    with each request's new tokens after every step; `result` is set on its last call.
+    drives `step` from its own loop (`rollout.embedded.ContinuousSampler`). `on_tokens(rid,
+    new_ids, new_logprobs, new_top_logprobs, result)` is called with each request's new tokens
+    after every step; `result` is set on its last call.
+
+    The slot cache is allocated by the first step after the engine was idle; `release` drops
+    it while idle (a trainer needs that memory for its own step between rollouts).
+    `params` and `weight_version` may be replaced between steps: rows in flight continue on
+    the new weights, and a result reports the version it finished under.
     """
 
     def __init__(self, cfg: models.ModelConfig, params: Any, *, max_batch: int = 64,
@@ -276,7 +267,7 @@ class ContinuousEngine:
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
         self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
         self._rng = np.random.default_rng(seed)
-        self._state = init_state(cfg, max_batch, max_len)
+        self._state: SlotState | None = None
         self._queue: list[_Job] = []
         self._slots: list[_Job | None] = [None] * max_batch
         self._next_rid = 0
@@ -348,10 +339,18 @@ class ContinuousEngine:
                 return slot
         return None
 
+    def release(self) -> None:
+        """Free the slot cache now; only while idle (the next step allocates a new one)."""
+        if self.busy:
+            raise RuntimeError("ContinuousEngine.release: requests are queued or running")
+        self._state = None
+
     def step(self) -> list[GenerateResult]:
         """Admit, prefill one chunk per prefilling slot, decode once; the results that
         finished in this step."""
         finished: list[GenerateResult] = []
+        if self._state is None and self.busy:
+            self._state = init_state(self.cfg, self.max_batch, self.max_len)
         for slot in range(self.max_batch):
             if self._slots[slot] is None and self._queue:
                 job = self._queue.pop(0)
@@ -454,19 +453,19 @@ class ContinuousEngine:
     def _record(self, job: _Job, ids: list[int], lps: list[float], top_ids, top_lp,
                 why: str | None, finished: list[GenerateResult]) -> None:
         k = job.request.top_logprobs
-        top = [tuple(zip(map(int, top_ids[j, :k]), map(float, top_lp[j, :k])))
-               for j in range(len(ids))] if k else []
+        top = tuple(tuple(zip(map(int, top_ids[j, :k]), map(float, top_lp[j, :k])))
+                    for j in range(len(ids))) if k else ()
         job.ids += ids
         job.logprobs += lps
         job.top += top
         self.stats["tokens"] += len(ids)
         if why is not None:
             self._slots[job.slot] = None
-            finished.append(self._finish(job, why, stream=(tuple(ids), tuple(lps))))
+            finished.append(self._finish(job, why, stream=(tuple(ids), tuple(lps), top)))
         elif job.on_tokens is not None:
-            job.on_tokens(job.rid, tuple(ids), tuple(lps), None)
+            job.on_tokens(job.rid, tuple(ids), tuple(lps), top, None)
 
-    def _finish(self, job: _Job, why: str, stream=((), ())) -> GenerateResult:
+    def _finish(self, job: _Job, why: str, stream=((), (), ())) -> GenerateResult:
         job.result = GenerateResult(
             output_ids=tuple(job.ids), logprobs=tuple(job.logprobs), top_logprobs=tuple(job.top),
             finish_reason=why, prompt_tokens=len(job.request.input_ids),

@@ -35,8 +35,10 @@ def filter_top_k_top_p(scaled_BV: jax.Array, top_k_B: jax.Array, top_p_B: jax.Ar
 
 def row_keys(seeds_B: jax.Array, step: jax.Array) -> jax.Array:
     """One key per row from (its seed, decode step): a request's draws do not depend on which
-    other requests share its batch."""
-    return jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), step))(seeds_B)
+    other requests share its batch. `step` is one index for all rows, or one per row [B] (the
+    continuous engine counts each row's tokens on its own)."""
+    step_B = jnp.broadcast_to(jnp.asarray(step, jnp.int32), seeds_B.shape)
+    return jax.vmap(lambda s, j: jax.random.fold_in(jax.random.key(s), j))(seeds_B, step_B)
 
 
 def apply_penalties(logits_BV: jax.Array, counts_BV: jax.Array, presence_B: jax.Array,
@@ -73,3 +75,28 @@ def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.
     token_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
     logprob_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
     return token_B, logprob_B, logp_BV
+
+
+def sample_step(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.Array,
+                top_p_B: jax.Array, seeds_B: jax.Array, step: jax.Array, n_top: int,
+                counts_BV: jax.Array | None = None, presence_B: jax.Array | None = None,
+                frequency_B: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One decode step's draw for both batchers (static `decode`, continuous `engine`):
+    penalties when `counts_BV` is given, then `sample_next`, then the `n_top` most likely ids.
+
+    Returns (int32 token [B], float32 logprob [B], int32 top ids [B, n_top], float32 top
+    logprobs [B, n_top]); the top logprobs are read from the same log_softmax(logits / T).
+    """
+    if counts_BV is not None:
+        logits_BV = apply_penalties(logits_BV.astype(jnp.float32), counts_BV, presence_B,
+                                    frequency_B)
+    token_B, logprob_B, logp_BV = sample_next(
+        logits_BV, temperature_B=temperature_B, top_k_B=top_k_B, top_p_B=top_p_B,
+        seeds_B=seeds_B, step=step)
+    if n_top:
+        top_lp_BK, top_ids_BK = jax.lax.top_k(logp_BV, n_top)
+    else:
+        b = logits_BV.shape[0]
+        top_lp_BK, top_ids_BK = jnp.zeros((b, 0), jnp.float32), jnp.zeros((b, 0), jnp.int32)
+    return token_B, logprob_B, top_ids_BK.astype(jnp.int32), top_lp_BK
