@@ -1,4 +1,8 @@
-"""The embedded JAX sampler: concurrent `generate` calls share batched forward passes.
+"""The embedded JAX samplers: concurrent `generate` calls share batched forward passes.
+
+Two batchers behind one interface (`generate`, `stream`, `abort`, `set_params`), picked by
+`engine` in `make_embedded_sampler`: "static" (`EmbeddedSampler`, below) and "continuous"
+(`ContinuousSampler`, at the end of this file, over `rollout.engine.ContinuousEngine`).
 
 Every coroutine that calls `generate` (or `stream`) puts its requests on one asyncio queue; a
 single batcher task drains up to `max_batch` of them, pads them into bucketed shapes (so jit
@@ -25,16 +29,11 @@ import numpy as np
 from orchestrax import models
 from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
                                      TopLogprobs)
-from orchestrax.rollout.validate import request_ids_error
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
+from orchestrax.rollout.engine import ContinuousEngine, bucket
+from orchestrax.rollout.validate import request_ids_error
 
-
-def bucket(n: int, *, lo: int, hi: int) -> int:
-    """Smallest power of two >= n (at least `lo`), capped at `hi`."""
-    b = lo
-    while b < n:
-        b *= 2
-    return min(b, hi)
+ENGINES = ("static", "continuous")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +133,7 @@ class EmbeddedSampler:
         """Finish queued and running requests with `rid` (all when None) as 'abort' now; running
         rows stop decoding at the end of the current chunk. Returns the count."""
         n = 0
-        for p in [*self._queued, *self._running]:
+        for p in self._pending():
             if (rid is None or p.request.rid == rid) and not p.future.done():
                 self._finish(p, "abort")
                 n += 1
@@ -152,9 +151,12 @@ class EmbeddedSampler:
 
     @property
     def outstanding(self) -> int:
-        return sum(not p.future.done() for p in [*self._queued, *self._running])
+        return sum(not p.future.done() for p in self._pending())
 
     # --- internals -----------------------------------------------------------------------------
+    def _pending(self) -> list[_Pending]:
+        return [*self._queued, *self._running]
+
     def _admit(self, r: GenerateRequest, stream: bool = False) -> _Pending:
         why = self.admit_error(r)
         if why is not None:
@@ -299,3 +301,109 @@ class EmbeddedSampler:
         if p.deltas is not None:
             d = delta or StreamDelta((), (), (), result.weight_version)
             p.deltas.put_nowait(dataclasses.replace(d, result=result))
+
+
+class ContinuousSampler(EmbeddedSampler):
+    """`EmbeddedSampler`'s interface over a `ContinuousEngine`: a request joins the running
+    batch at the next engine step (one prefill chunk plus `decode_steps` decode steps) instead
+    of waiting for the whole batch to finish, and leaves it as soon as it is done.
+
+    Params are read before every engine step, so `set_params` (the trainer's push, or the
+    server's `update_weights_from_disk`) applies from the next step on, also to rows in flight;
+    a result reports the weight version it finished under. A caller that leaves (cancelled,
+    aborted, a stop string matched) frees its slot before the next step. The slot cache is
+    freed whenever no request is queued or running.
+    """
+
+    def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
+                 max_len: int = 4096, weight_version: str = "0", seed: int = 0,
+                 prefill_chunk: int = 512, decode_steps: int = 8, min_chunk: int = 16,
+                 top_logprobs: int = MAX_TOP_LOGPROBS):
+        super().__init__(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
+                         weight_version=weight_version, seed=seed, min_bucket=min_chunk,
+                         chunk_tokens=decode_steps)
+        self.engine = ContinuousEngine(
+            cfg, None, max_batch=max_batch, max_len=max_len, prefill_chunk=min(prefill_chunk,
+                                                                               max_len),
+            decode_steps=decode_steps, top_logprobs=top_logprobs, min_chunk=min_chunk)
+        self._live: dict[str, _Pending] = {}    # engine rid -> caller, for rows in the engine
+        self._next_key = 0
+        # (engine rid, ids, logprobs, top, result) recorded by the engine's hook during a step
+        self._events: list[tuple] = []
+        self.stats = {"steps": 0, "requests": 0, "tokens": 0}
+
+    def admit_error(self, r: GenerateRequest) -> str | None:
+        return self.engine.admit_error(r)
+
+    def _pending(self) -> list[_Pending]:
+        return [*self._queued, *self._live.values()]
+
+    def _join(self, p: _Pending) -> None:
+        del self._queued[p]
+        if p.future.done():
+            return
+        # Engine rids are ours: copies of one request (n > 1) may share the caller's rid.
+        key = str(self._next_key)
+        self._next_key += 1
+        sp = dataclasses.replace(p.request.sampling, sampling_seed=p.seed)
+        self.engine.submit(dataclasses.replace(p.request, rid=key, sampling=sp),
+                           on_tokens=lambda *event: self._events.append(event))
+        self._live[key] = p
+
+    async def _batch_loop(self) -> None:
+        while True:
+            if not self._live:
+                self._join(await self._queue.get())
+            while not self._queue.empty():
+                self._join(self._queue.get_nowait())
+            for key in [k for k, p in self._live.items() if p.future.done()]:
+                self.engine.abort(key)   # the caller left: free its slot before this step
+                del self._live[key]
+            self._events.clear()
+            if self._live:
+                await self._step()
+            if not self._live:
+                self.engine.release()
+
+    async def _step(self) -> None:
+        eng = self.engine
+        eng.params, eng.weight_version = self._getter(), self.weight_version
+        try:
+            # The step blocks on the device; a worker thread keeps the event loop serving.
+            # Only this loop touches the engine, and only between awaits of this call.
+            await asyncio.to_thread(eng.step)
+        except Exception as e:  # a device failure fails the callers in flight, not the loop
+            for key, p in self._live.items():
+                eng.abort(key)
+                self._finish(p, error=e)
+            self._live.clear()
+            return
+        self.stats["steps"] += 1
+        for key, ids, lps, top, result in self._events:
+            p = self._live.get(key)
+            if p is None or p.future.done():
+                continue
+            p.ids += ids
+            p.logprobs += lps
+            p.top += top
+            self.stats["tokens"] += len(ids)
+            delta = StreamDelta(ids, lps, top, eng.weight_version)
+            if result is None:
+                if p.deltas is not None:
+                    p.deltas.put_nowait(delta)
+                continue
+            del self._live[key]
+            self.stats["requests"] += 1
+            self._finish(p, result.finish_reason, result.weight_version, delta)
+
+
+def make_embedded_sampler(engine: str, cfg: models.ModelConfig, params_or_getter: Any, *,
+                          max_batch: int, max_len: int, seed: int = 0,
+                          weight_version: str = "0") -> EmbeddedSampler:
+    """The embedded sampler `engine` names ("static" or "continuous"), with defaults for the
+    rest."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}; allowed: {ENGINES}")
+    kind = ContinuousSampler if engine == "continuous" else EmbeddedSampler
+    return kind(cfg, params_or_getter, max_batch=max_batch, max_len=max_len, seed=seed,
+                weight_version=weight_version)

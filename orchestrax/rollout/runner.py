@@ -1,9 +1,9 @@
 """What `orchestrax serve` holds, and how it runs one admitted request on the embedded sampler:
 stop strings, streamed updates, early exit.
 
-A stop string is found on the decoded text after each decode chunk; the request then leaves the
-sampler's stream, which drops its row from the running batch, so tokens past the stop are not
-generated beyond the current chunk.
+A stop string is found on the decoded text after each decode chunk (static batcher) or engine
+step (continuous); the request then leaves the sampler's stream, which drops its row from the
+running batch, so tokens past the stop are not generated beyond the current chunk or step.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`orchestrax serve`: the SGLang native API subset an RL trainer uses, plus an OpenAI-compatible
-`/v1/chat/completions` (chat_route.py, wire format in openai_chat.py), backed by the embedded
-sampler.
+`/v1/chat/completions` (chat_route.py, wire format in openai_chat.py), backed by an embedded
+sampler: static batches (`EmbeddedSampler`) or continuous batching (`ContinuousSampler`), whose
+kind `/server_info` reports as `engine`.
 
 Routes and response shapes follow SGLang's entrypoints/http_server.py: `/generate`,
 `/update_weights_from_disk` -> `{success, message, num_paused_requests}`, `/model_info`
@@ -12,7 +13,7 @@ preferred_sampling_params, weight_version}`, `/server_info` (alias `/get_server_
 Clients are isolated from each other: a request is checked in full (`ServeLimits`, field types
 and ranges, the sampler's `admit_error`) before it can join a batch; text is tokenised in a
 worker thread after its length was checked; a client that disconnects is cancelled, and its
-rows leave the running batch at the next decode chunk.
+rows leave the running batch at the next decode chunk (static) or engine step (continuous).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from aiohttp import web
 from orchestrax import models
 from orchestrax.rollout.base import GenerateRequest
 from orchestrax.rollout.chat_route import chat_completions, list_models
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.http_io import STATE, error, merge, read_json, sse
 from orchestrax.rollout.protocol import parse_generate, result_to_json
 from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
@@ -166,6 +168,7 @@ async def server_info(request: web.Request) -> web.Response:
         "model_path": st.model_path, "tokenizer_path": st.tokenizer_path,
         "served_model_name": st.served_model_name, "weight_version": s.weight_version,
         "context_length": s.max_len, "max_running_requests": s.max_batch,
+        "engine": "continuous" if isinstance(s, ContinuousSampler) else "static",
         "internal_states": [{"outstanding_requests": s.outstanding, **s.stats}],
         "limits": dataclasses.asdict(st.limits), "version": "orchestrax",
     })

@@ -13,8 +13,10 @@ from typing import Any
 import jax
 
 from orchestrax.models import ModelConfig
+from orchestrax.models.configs import REMAT_POLICIES
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.rollout.embedded import ENGINES
 from orchestrax.train.agent_config import AgentConfig  # sub-agent mode (issue 12)
 from orchestrax.data.instances import InstanceConfig  # per-instance tools, pricing, P (issue 10)
 from orchestrax.tools.catalog import CatalogConfig
@@ -43,12 +45,17 @@ class RolloutConfig:
     workers: int = 0                        # 0: episodes on the trainer's event loop; N: an
                                             # EpisodePool of N processes (see train/episodes.py)
     sampler_max_batch: int = 64             # embedded sampler batch
+    # embedded sampler's batcher: "static" (a batch runs to its longest row) or "continuous"
+    # (requests join and leave between decode steps; rollout/engine.py)
+    engine: str = "static"
     weight_sync_dir: str = "/tmp/orchestrax_weights"  # sglang: HF dirs written here per step
 
     def __post_init__(self):
         check_fields(self, prefix="RolloutConfig.")
         if self.backend not in BACKENDS:
             raise ValueError(f"RolloutConfig.backend={self.backend!r}; allowed: {BACKENDS}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"RolloutConfig.engine={self.engine!r}; allowed: {ENGINES}")
         if self.backend == "sglang" and not self.server_urls:
             raise ValueError("RolloutConfig.server_urls is empty; backend='sglang' needs at least "
                              "one SGLang server (or one sglang-router) URL")
@@ -69,6 +76,8 @@ class TrainConfig:
     model: ModelConfig | None = None        # random init from this config when hf_path is None
     hf_path: str | None = None              # a HF Qwen3 checkpoint directory to start from
     dtype: str = "float32"                  # compute dtype when loading hf_path
+    remat: str = "none"                     # jax.checkpoint policy of the hf_path model
+                                            # (a `model` config carries its own)
     tokenizer: str = "tiny"                 # "tiny" (the test tokenizer) or a HF tokenizer dir
     mesh: MeshConfig = MeshConfig()
     grpo: GRPOConfig = GRPOConfig()
@@ -137,6 +146,11 @@ class TrainConfig:
                              "(0 is greedy)")
         if self.dtype not in DTYPES:
             raise ValueError(f"TrainConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"TrainConfig.remat={self.remat!r}; allowed: {REMAT_POLICIES}")
+        if self.remat != "none" and self.model is not None:
+            raise ValueError(f"TrainConfig.remat={self.remat!r} is for hf_path runs; with a "
+                             f"model config set model.remat (now {self.model.remat!r})")
         trains = self.steps > 0 or self.sft_steps > 0
         if trains and self.model is not None and self.model.param_dtype != "float32":
             raise ValueError(

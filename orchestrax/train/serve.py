@@ -9,8 +9,10 @@ import asyncio
 import logging
 import signal
 
+import jax
+
 from orchestrax import models
-from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.embedded import make_embedded_sampler
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
 
@@ -24,26 +26,41 @@ def limits(args: argparse.Namespace) -> ServeLimits:
     return ServeLimits(**{k: v for k, v in given.items() if v is not None})
 
 
+def param_dtype(name: str, backend: str | None = None) -> str:
+    """`--param-dtype`: "auto" is bfloat16 on an accelerator (a server does not train, so fp32
+    master weights would only double its weight memory and the bytes read per decode step) and
+    float32 on CPU (bf16 matmuls are slow there)."""
+    if name != "auto":
+        return name
+    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
+    pdt = param_dtype(args.param_dtype)
     if args.tiny:
         from orchestrax.agent.scripted import tiny_qwen3_tokenizer
         tokenizer, template = tiny_qwen3_tokenizer(), None  # it carries its own chat template
         cfg = models.tiny_config(vocab_size=len(tokenizer), dtype=args.dtype)
         params = models.init_params(cfg, seed=args.seed)
+        # fp32 init then one cast, as load_hf casts a checkpoint's tensors once.
+        cfg, params = cfg.replace(param_dtype=pdt), jax.tree.map(lambda x: x.astype(pdt), params)
         model_path, tok_path = "tiny", None
     else:
         from transformers import AutoTokenizer
-        cfg, params = models.load_hf(args.model, dtype=args.dtype)
+        cfg, params = models.load_hf(args.model, dtype=args.dtype, param_dtype=pdt)
         tok_path = args.tokenizer or args.model
         tokenizer = AutoTokenizer.from_pretrained(tok_path)
         model_path, template = args.model, None
-    sampler = EmbeddedSampler(cfg, params, max_batch=args.max_batch, max_len=args.max_len,
-                              weight_version=args.weight_version, seed=args.seed)
+    sampler = make_embedded_sampler(args.engine, cfg, params, max_batch=args.max_batch,
+                                    max_len=args.max_len, weight_version=args.weight_version,
+                                    seed=args.seed)
+    # Weight updates load in the served dtype: the server refuses a tree whose dtypes differ.
     return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
                        tokenizer_path=tok_path, chat_template=template,
                        served_model_name=args.served_model_name, limits=limits(args),
                        api_key=args.api_key or None, weight_roots=tuple(args.weight_root),
-                       load_weights=lambda path: models.load_hf(path, dtype=args.dtype))
+                       load_weights=lambda path: models.load_hf(path, dtype=args.dtype,
+                                                                param_dtype=pdt))
 
 
 async def _run(args: argparse.Namespace) -> None:

@@ -41,7 +41,9 @@ def pad_id(codec: Codec) -> int:
 
 def load_params(cfg: TrainConfig, mesh) -> tuple[models.ModelConfig, Any]:
     if cfg.hf_path is not None:
-        return models.load_hf(cfg.hf_path, dtype=cfg.dtype, mesh=mesh)
+        # The model config comes from the HF config.json, which knows nothing of remat.
+        model_cfg, params = models.load_hf(cfg.hf_path, dtype=cfg.dtype, mesh=mesh)
+        return model_cfg.replace(remat=cfg.remat), params
     shardings = models.param_shardings(cfg.model, mesh)
     init = jax.jit(models.init_params, static_argnums=(0, 1), out_shardings=shardings)
     return cfg.model, init(cfg.model, cfg.seed)
@@ -84,9 +86,9 @@ def make_catalog(cfg: TrainConfig):
 def make_sampler(cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any):
     r = cfg.rollout
     if r.backend == "embedded":
-        from orchestrax.rollout.embedded import EmbeddedSampler
-        return EmbeddedSampler(model_cfg, params, max_batch=r.sampler_max_batch,
-                               max_len=r.context_tokens, seed=cfg.seed)
+        from orchestrax.rollout.embedded import make_embedded_sampler
+        return make_embedded_sampler(r.engine, model_cfg, params, max_batch=r.sampler_max_batch,
+                                     max_len=r.context_tokens, seed=cfg.seed)
     from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
     return SGLangClient(SGLangClientConfig(urls=tuple(r.server_urls)))
 
