@@ -13,9 +13,9 @@ from typing import Any, Iterable
 
 from orchestrax.envs.tau2 import airline, retail
 from orchestrax.envs.tau2.db import DomainDB, Rejected
-from orchestrax.envs.tau2.functions import DomainFunction
+from orchestrax.envs.tau2.functions import DomainFunction, tool_result, tool_spec
 from orchestrax.envs.tau2.telecom import TelecomDomain, load_telecom
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.base import ToolResult
 from orchestrax.tools.schema import ArgumentError, check_arguments
 
 _DOMAINS = {"retail": retail, "airline": airline}
@@ -90,15 +90,12 @@ class DomainTool:
     Rejections raise `ToolError` (non-transient) so the executor reports them as observations."""
 
     def __init__(self, domain: Tau2Domain, fn: DomainFunction, db: DomainDB):
-        self.spec = ToolSpec(name=fn.name, description=fn.description, parameters=fn.parameters,
-                             category="domain", pricing=Pricing(kind="per_call"), latency_s=0.0)
+        self.spec = tool_spec(fn)
         self._domain, self.db = domain, db
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolResult:
         out = self._domain.apply(self.db, self.spec.name, arguments)
-        if not out.ok:  # the executor adds its own "Error: tool ... failed:" prefix
-            raise ToolError(out.observation.removeprefix("Error: "))
-        return ToolResult(observation=out.observation, cost=0.0, latency=0.0)
+        return tool_result(out.ok, out.observation)
 
 
 # The tables each domain's functions read; a db.json without one of them is the wrong file.

@@ -20,8 +20,9 @@ from typing import Any, Iterable, Literal
 
 from orchestrax.envs.tau2 import telecom_agent, telecom_user
 from orchestrax.envs.tau2.db import Rejected
-from orchestrax.envs.tau2.telecom_db import (TelecomFunction, TelecomState, normalise_agent_db,
-                                             normalise_user_db, read_toml)
+from orchestrax.envs.tau2.functions import DomainFunction
+from orchestrax.envs.tau2.telecom_db import (TelecomState, normalise_agent_db, normalise_user_db,
+                                             read_toml)
 from orchestrax.tools.schema import ArgumentError, check_arguments
 
 Side = Literal["assistant", "user"]
@@ -103,11 +104,11 @@ class TelecomDomain:
                  splits: dict[str, list[str]]):
         self.base_agent_db, self.base_user_db = agent_db, user_db
         self.tasks, self.policy, self.splits = tasks, policy, splits
-        self.functions: dict[Side, dict[str, TelecomFunction]] = {
+        self.functions: dict[Side, dict[str, DomainFunction]] = {
             "assistant": {f.name: f for f in telecom_agent.FUNCTIONS},
             "user": {f.name: f for f in telecom_user.FUNCTIONS}}
 
-    def tool_functions(self, side: Side) -> list[TelecomFunction]:
+    def tool_functions(self, side: Side) -> list[DomainFunction]:
         """The functions a model on `side` may call (13 for the agent, 30 for the user)."""
         return [f for f in self.functions[side].values() if f.is_tool]
 
@@ -116,7 +117,7 @@ class TelecomDomain:
         sync(st)
         return st
 
-    def _function(self, side: Any, name: Any, kinds: tuple[str, ...]) -> TelecomFunction:
+    def _function(self, side: Any, name: Any, kinds: tuple[str, ...]) -> DomainFunction:
         if side not in SIDES:
             raise Rejected(f"requestor={side!r}; allowed: {list(SIDES)}")
         fn = self.functions[side].get(name)

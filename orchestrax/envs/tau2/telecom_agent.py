@@ -9,8 +9,9 @@ import datetime
 from typing import Any
 
 from orchestrax.envs.tau2.db import Rejected
-from orchestrax.envs.tau2.functions import i, obj, s
-from orchestrax.envs.tau2.telecom_db import TODAY, TelecomFunction, TelecomState
+from orchestrax.envs.tau2.functions import DomainFunction, i, obj, s
+from orchestrax.envs.tau2.functions import named as _f
+from orchestrax.envs.tau2.telecom_db import TODAY, TelecomState
 
 LINE_STATUSES = ["Active", "Suspended", "Pending Activation", "Closed"]
 _PREFIX_TABLE = {"L": ("lines", "line_id", "Line"), "D": ("devices", "device_id", "Device"),
@@ -255,12 +256,7 @@ _LID = s("The line's ID, e.g. L1001")
 _NUM = {"type": "number"}
 
 
-def _f(fn, kind: str, description: str, parameters: dict) -> TelecomFunction:
-    return TelecomFunction(name=fn.__name__, description=description, parameters=parameters,
-                           kind=kind, fn=fn)
-
-
-FUNCTIONS: tuple[TelecomFunction, ...] = (
+FUNCTIONS: tuple[DomainFunction, ...] = (
     _f(get_customer_by_phone, "read", "Find a customer by their primary contact number or the "
        "number of one of their lines.", obj({"phone_number": s("Phone number, e.g. 555-123-2002")})),
     _f(get_customer_by_id, "read", "Get a customer's record by ID.", obj({"customer_id": _CID})),

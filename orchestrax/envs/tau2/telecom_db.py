@@ -13,11 +13,10 @@ The benchmark's clock is frozen: every "today" is 2025-02-25.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime
 import pathlib
 import tomllib
-from typing import Any, Callable
+from typing import Any
 
 TODAY = datetime.date(2025, 2, 25)
 
@@ -169,20 +168,3 @@ class TelecomState:
     @property
     def surroundings(self) -> dict[str, Any]:
         return self.user["surroundings"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TelecomFunction:
-    """A function on one side of the telecom environment. `kind`: "read"/"write"/"generic" for
-    tools a model may call; "env" for the task setup's functions; "assert" for assertions
-    (they return a bool). `fn(state, arguments)` raises `Rejected` for what the domain refuses."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    kind: str
-    fn: Callable[[TelecomState, dict[str, Any]], Any]
-
-    @property
-    def is_tool(self) -> bool:
-        return self.kind in ("read", "write", "generic")

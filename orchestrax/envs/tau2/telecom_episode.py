@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrax.envs.tau2.telecom import Side, TelecomDomain
-from orchestrax.envs.tau2.telecom_db import TelecomFunction
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.envs.tau2.functions import DomainFunction, tool_result, tool_spec
+from orchestrax.tools.base import ToolResult
 
 
 class TelecomEpisode:
@@ -39,18 +39,14 @@ class TelecomEpisode:
 
 class TelecomTool:
     """A telecom function on one side of an episode; implements `orchestrax.tools.base.Tool`.
-    Refusals and bad arguments raise `ToolError` (non-transient): the executor reports them
-    to the model as observations."""
+    Refusals and bad arguments raise `ToolError` (see `tool_result`)."""
 
-    def __init__(self, episode: TelecomEpisode, side: Side, fn: TelecomFunction):
-        self.spec = ToolSpec(name=fn.name, description=fn.description, parameters=fn.parameters,
-                             category="domain", pricing=Pricing(kind="per_call"), latency_s=0.0)
+    def __init__(self, episode: TelecomEpisode, side: Side, fn: DomainFunction):
+        self.spec = tool_spec(fn)
         self.side, self._episode = side, episode
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolResult:
         ep = self._episode
         ep.calls.append({"requestor": self.side, "name": self.spec.name, "arguments": arguments})
         out = ep.domain.call(ep.state, self.side, self.spec.name, arguments)
-        if not out.ok:
-            raise ToolError(out.observation.removeprefix("Error: "))
-        return ToolResult(observation=out.observation, cost=0.0, latency=0.0)
+        return tool_result(out.ok, out.observation)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Callable
 
 from orchestrax.envs.tau2.db import Rejected
-from orchestrax.envs.tau2.functions import obj, s
-from orchestrax.envs.tau2.telecom_db import APN_DEFAULTS, TelecomFunction, TelecomState
+from orchestrax.envs.tau2.functions import DomainFunction, obj, s
+from orchestrax.envs.tau2.functions import named as _f
+from orchestrax.envs.tau2.telecom_db import APN_DEFAULTS, TelecomState
 from orchestrax.envs.tau2 import telecom_phone as phone
 from orchestrax.envs.tau2.telecom_phone import (MODES, NETWORK_STATUSES, SPEED_ADVICE, SWITCHES,
                                                 TURNS, dial_vpn, drop_vpn, mms_works,
@@ -209,34 +210,29 @@ _PERM = s("Permission, e.g. sms, storage, phone or network")
 _BOOL = {"type": "boolean"}
 
 
-def _f(fn, kind: str, description: str, parameters: dict = _NONE) -> TelecomFunction:
-    return TelecomFunction(name=fn.__name__, description=description, parameters=parameters,
-                           kind=kind, fn=fn)
-
-
-def _e(fn, parameters: dict = _NONE) -> TelecomFunction:
+def _e(fn, parameters: dict = _NONE) -> DomainFunction:
     return _f(fn, "env", (fn.__doc__ or fn.__name__.replace("_", " ")).strip(), parameters)
 
 
-def _a(fn, parameters: dict) -> TelecomFunction:
+def _a(fn, parameters: dict) -> DomainFunction:
     return _f(fn, "assert", "", parameters)
 
 
-def _toggle(switch: str, description: str) -> TelecomFunction:
+def _toggle(switch: str, description: str) -> DomainFunction:
     """The user's toggle_<switch> tool: flip it; the phone's answer and its status bar."""
     sw = SWITCHES[switch]
-    return TelecomFunction(
+    return DomainFunction(
         name=f"toggle_{switch}", description=description, parameters=_NONE, kind="write",
         fn=lambda st, a: with_bar(st, f"{sw.label} is now {on_off(sw.flip(st))}."))
 
 
-def _turn(switch: str, want: bool) -> TelecomFunction:
+def _turn(switch: str, want: bool) -> DomainFunction:
     name = f"turn_{switch}_{on_off(want).lower()}"
-    return TelecomFunction(name=name, description=name.replace("_", " "), parameters=_NONE,
-                           kind="env", fn=lambda st, a: turn(st, switch, want))
+    return DomainFunction(name=name, description=name.replace("_", " "), parameters=_NONE,
+                          kind="env", fn=lambda st, a: turn(st, switch, want))
 
 
-FUNCTIONS: tuple[TelecomFunction, ...] = (
+FUNCTIONS: tuple[DomainFunction, ...] = (
     _f(check_status_bar, "read", "What the phone's status bar shows: signal, network type, "
        "data, Wi-Fi, VPN, airplane mode, battery."),
     _f(check_network_status, "read", "The phone's detailed network status: airplane mode, SIM, "
