@@ -171,7 +171,13 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | No
     argv = [shutil.which("bwrap"), *(["--info-fd", str(info_fd)] if info_fd is not None else []),
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
-            "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv",
+            "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+            # The program is its namespace's pid 1, a child of bwrap: when it ends the kernel
+            # kills and reaps the whole namespace before bwrap exits. bwrap's own init would
+            # outlive bwrap and be left a zombie (holding the run's uid) for the host's pid 1,
+            # which reaps late or never. Cost: as an init the program ignores SIGXCPU, so the
+            # CPU limit kills it with the hard limit's SIGKILL, a second later.
+            "--as-pid-1", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     for d in _SYSTEM_DIRS:

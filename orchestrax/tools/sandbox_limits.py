@@ -162,7 +162,7 @@ async def lease_uid(base: int, slots: int, wait_s: float) -> tuple[int, int]:
             if fd is not None:
                 return uid, fd
         if time.monotonic() > deadline:
-            # bwrap's namespace init is left a zombie for the host's pid 1 to reap after each run
+            # a run's orphans (mode 'none') are left zombies for the host's pid 1 to reap
             only_zombies = sum(all(is_zombie(p) for p in owners[u]) for u in busy)
             raise SandboxBusy(
                 f"no free sandbox host uid in [{base}, {base + slots}) after {wait_s:.1f} s; "
