@@ -63,8 +63,12 @@ def test_spec_json_round_trip_and_errors():
         spec_from_json({**data, "pricing": {"kind": "per_call", "usd_per_call": -1}})
     with pytest.raises(ValueError, match="kind"):
         spec_from_json({**data, "pricing": {"kind": "per_minute"}})
-    with pytest.raises(ValueError, match="colour"):
+    with pytest.raises(ValueError, match=r"tool spec has unknown fields \['colour'\]; allowed: "
+                                          r"\['name', 'description', 'parameters', 'category', "):
         spec_from_json({**data, "colour": "red"})
+    with pytest.raises(ValueError, match=r"pricing has unknown fields \['usd_per_hour'\]; allowed: "
+                                          r"\['kind', 'usd_per_call', "):
+        spec_from_json({**data, "pricing": {"kind": "per_call", "usd_per_hour": 1.0}})
     with pytest.raises(ToolError, match="x"):
         check_arguments(spec, {"x": "five"})
     with pytest.raises(ToolError, match="object"):

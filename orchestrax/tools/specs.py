@@ -22,15 +22,18 @@ _PRICING_FIELDS = tuple(f.name for f in dataclasses.fields(Pricing))
 _SPEC_FIELDS = ("name", "description", "parameters", "category", "pricing", "latency_s")
 
 
+def _no_unknown_fields(data: dict[str, Any], allowed: tuple[str, ...], what: str) -> None:
+    unknown = set(data) - set(allowed)
+    if unknown:
+        raise ValueError(f"{what} has unknown fields {sorted(unknown)}; allowed: {list(allowed)}")
+
+
 def pricing_to_json(pricing: Pricing) -> dict[str, Any]:
     return dataclasses.asdict(pricing)
 
 
 def pricing_from_json(data: dict[str, Any]) -> Pricing:
-    unknown = set(data) - set(_PRICING_FIELDS)
-    if unknown:
-        raise ValueError(f"pricing has unknown fields {sorted(unknown)}; "
-                         f"allowed: {list(_PRICING_FIELDS)}")
+    _no_unknown_fields(data, _PRICING_FIELDS, "pricing")
     for key, value in data.items():
         if key != "kind" and (not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"pricing.{key}={value!r}; must be a number >= 0")
@@ -45,10 +48,7 @@ def spec_to_json(spec: ToolSpec) -> dict[str, Any]:
 
 def spec_from_json(data: dict[str, Any]) -> ToolSpec:
     """Inverse of `spec_to_json`; names the offending field on bad input."""
-    unknown = set(data) - set(_SPEC_FIELDS)
-    if unknown:
-        raise ValueError(f"tool spec has unknown fields {sorted(unknown)}; "
-                         f"allowed: {list(_SPEC_FIELDS)}")
+    _no_unknown_fields(data, _SPEC_FIELDS, "tool spec")
     for key in ("name", "description", "parameters"):
         if key not in data:
             raise ValueError(f"tool spec is missing the field {key!r}")
