@@ -35,10 +35,13 @@ async def serve_app(app: web.Application) -> AsyncIterator[str]:
 class ScriptedChatServer:
     """`async with ScriptedChatServer(fn) as srv:` serves POST /v1/chat/completions at
     `srv.base_url` (ending in /v1). `fn(request_body)` returns the reply text, or
-    `(status, body)` to answer with an HTTP error. Every request body is kept in `srv.requests`."""
+    `(status, body)` to answer with an HTTP error. Every request body is kept in `srv.requests`.
+    `usage`: the (prompt, completion) token counts every answer reports, for tests that bill
+    them; by default a rough count from the characters."""
 
-    def __init__(self, respond: Responder):
+    def __init__(self, respond: Responder, usage: tuple[int, int] | None = None):
         self.respond = respond
+        self.usage = usage
         self.requests: list[dict[str, Any]] = []
         self._served: contextlib.AsyncExitStack | None = None
         self.base_url = ""
@@ -50,14 +53,15 @@ class ScriptedChatServer:
         if isinstance(out, tuple):
             return web.Response(status=out[0], text=out[1])
         prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        # a rough token count by default: the server is a fixture, not a tokenizer
+        prompt, completion = self.usage or (prompt_chars // 4, len(out) // 4)
         return web.json_response({
             "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion",
             "model": body.get("model", ""),
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": out}}],
-            # a rough token count: the server is a fixture, not a tokenizer
-            "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(out) // 4,
-                      "total_tokens": prompt_chars // 4 + len(out) // 4}})
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion}})
 
     async def __aenter__(self) -> "ScriptedChatServer":
         app = web.Application()

@@ -2,14 +2,12 @@
 model and the describer), plus the outcome grader."""
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import pathlib
 
 import pytest
-from aiohttp import web
-from loopback import serve_app
+from loopback import ScriptedChatServer
 
 from orchestrax.tools.describe import Attempt, contains_answer, describer_prompt, load_tasks
 from orchestrax.tools.specs import spec_from_json
@@ -24,47 +22,28 @@ def load_script():
     return mod
 
 
-@contextlib.asynccontextmanager
-async def server(answer_fn):
-    seen = []
-
-    async def completions(request):
-        body = await request.json()
-        seen.append(body)
-        text = answer_fn(body["messages"][-1]["content"])
-        return web.json_response({"choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": text}}],
-                                  "usage": {"prompt_tokens": 100, "completion_tokens": 20,
-                                            "total_tokens": 120}})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", completions)
-    async with serve_app(app) as url:
-        yield url, seen
-
-
 def test_describe_llm_tool_end_to_end(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     # the "tool model" solves even-numbered tasks and fails odd ones
     tasks.write_text("\n".join(json.dumps({"question": f"Task {i}: what is {i} squared?",
                                            "answer": str(i * i)}) for i in range(12)))
 
-    def tool_model(user):
-        i = int(user.split()[1].rstrip(":"))
+    def tool_model(body):
+        i = int(body["messages"][-1]["content"].split()[1].rstrip(":"))
         return f"The answer is \\boxed{{{i * i if i % 2 == 0 else -1}}}."
 
     description = "Solves arithmetic reliably on even inputs; fails on odd ones."
     out_path = tmp_path / "out" / "math.json"
 
     async def scenario():
-        async with server(tool_model) as (tool_url, tool_seen), \
-                server(lambda _: description) as (desc_url, desc_seen):
+        async with ScriptedChatServer(tool_model, usage=(100, 20)) as tool_srv, \
+                ScriptedChatServer(lambda _: description) as desc_srv:
             out = await asyncio.to_thread(load_script().main, [
                 "--tasks", str(tasks), "--name", "math_72b", "--role", "math",
-                "--tool-url", tool_url, "--tool-model", "Qwen/Qwen2.5-Math-72B",
-                "--price-model", "qwen2.5-math-72b", "--describer-url", desc_url,
+                "--tool-url", tool_srv.base_url, "--tool-model", "Qwen/Qwen2.5-Math-72B",
+                "--price-model", "qwen2.5-math-72b", "--describer-url", desc_srv.base_url,
                 "--describer-model", "gpt-5", "--out", str(out_path)])
-            return out, tool_seen, desc_seen
+            return out, tool_srv.requests, desc_srv.requests
 
     out, tool_seen, desc_seen = asyncio.run(scenario())
     assert len(tool_seen) == 10 and len(desc_seen) == 1
