@@ -3,12 +3,11 @@ OpenAI-shaped aiohttp server for the behaviours a random tiny model cannot show 
 errors, <think> stripping)."""
 
 import asyncio
-import contextlib
 import shutil
 
 import pytest
 from aiohttp import web
-from loopback import serve_app
+from loopback import ScriptedChatServer, run_serve, serve_app
 
 from orchestrax.tools.base import Pricing, ToolError
 from orchestrax.tools.chat_client import ChatEndpoint
@@ -19,26 +18,9 @@ from orchestrax.tools.sheets import load_sheet
 PRICE = Pricing(kind="per_token", usd_per_m_input=1.25, usd_per_m_output=10.0)
 
 
-@contextlib.asynccontextmanager
-async def openai_server(reply: str | None = None, status: int = 200, usage=(11, 7)):
-    seen = []
-
-    async def completions(request):
-        body = await request.json()
-        seen.append(body)
-        if status != 200:
-            return web.json_response({"error": {"message": "boom"}}, status=status)
-        return web.json_response({
-            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": reply}}],
-            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1],
-                      "total_tokens": sum(usage)}})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", completions)
-    async with serve_app(app) as url:
-        yield url, seen
+def replying(text: str) -> ScriptedChatServer:
+    """An OpenAI-shaped server that answers `text` to everything, billing 11 + 7 tokens."""
+    return ScriptedChatServer(lambda body: text, usage=(11, 7))
 
 
 def tool_for(url, role="generalist", **kw):
@@ -52,28 +34,26 @@ def test_against_orchestrax_serve_cost_is_tokens_times_prices():
     from orchestrax.agent.scripted import tiny_qwen3_tokenizer
     from agent_fixtures import qwen3_chat_template
     from orchestrax.rollout.embedded import EmbeddedSampler
-    from orchestrax.rollout.server import ServerState, bound_port, start
+    from orchestrax.rollout.server import ServerState
 
     tok = tiny_qwen3_tokenizer()
     cfg = models.tiny_config(vocab_size=len(tok))
     sheet = load_sheet("train_list")
 
-    async def scenario():
+    def state():
         sampler = EmbeddedSampler(cfg, models.init_params(cfg, seed=0), max_batch=4, max_len=160,
                                   min_bucket=32)
-        runner = await start(ServerState(sampler=sampler, model_path="tiny", tokenizer=tok,
-                                         chat_template=qwen3_chat_template()), port=0)
-        url = f"http://127.0.0.1:{bound_port(runner)}"
-        try:
-            tool = LLMTool(LLMToolConfig(
-                name="qwen3_32b", role="generalist", price_model="qwen3-32b",
-                chat=ChatEndpoint(base_url=url, model="orchestrax", max_tokens=8, seed=0)),
-                sheet.model_pricing("qwen3-32b"))
-            return tool, await tool({"query": "What is 2 + 2?"})
-        finally:
-            await runner.cleanup()
+        return ServerState(sampler=sampler, model_path="tiny", tokenizer=tok,
+                           chat_template=qwen3_chat_template())
 
-    tool, res = asyncio.run(scenario())
+    async def scenario(http, url, _):
+        tool = LLMTool(LLMToolConfig(
+            name="qwen3_32b", role="generalist", price_model="qwen3-32b",
+            chat=ChatEndpoint(base_url=url, model="orchestrax", max_tokens=8, seed=0)),
+            sheet.model_pricing("qwen3-32b"))
+        return tool, await tool({"query": "What is 2 + 2?"})
+
+    tool, res = run_serve(state, scenario)
     prompt = tok.apply_chat_template(tool.messages({"query": "What is 2 + 2?"}),
                                      add_generation_prompt=True, tokenize=True,
                                      chat_template=qwen3_chat_template())
@@ -88,8 +68,9 @@ def test_against_orchestrax_serve_cost_is_tokens_times_prices():
 
 def test_request_shape_think_stripping_and_cost():
     async def scenario():
-        async with openai_server("<think>hmm, 6*7</think>\nThe answer is 42.") as (url, seen):
-            return await tool_for(url)({"query": "6*7?", "context": "integers"}), seen
+        async with replying("<think>hmm, 6*7</think>\nThe answer is 42.") as srv:
+            res = await tool_for(srv.base_url)({"query": "6*7?", "context": "integers"})
+            return res, srv.requests
 
     res, seen = asyncio.run(scenario())
     assert res.observation == "The answer is 42."
@@ -107,10 +88,11 @@ def test_coder_role_runs_the_written_code_in_the_sandbox():
              "import math, os\nprint(math.factorial(10), os.getuid())\n```")
 
     async def scenario():
-        async with openai_server(reply) as (url, _):
-            good = await tool_for(url, "coder", sandbox=SandboxConfig(wall_timeout_s=5))({"query": "10!"})
-        async with openai_server("I cannot write code today.") as (url, _):
-            none = await tool_for(url, "coder")({"query": "10!"})
+        async with replying(reply) as srv:
+            good = await tool_for(srv.base_url, "coder",
+                                  sandbox=SandboxConfig(wall_timeout_s=5))({"query": "10!"})
+        async with replying("I cannot write code today.") as srv:
+            none = await tool_for(srv.base_url, "coder")({"query": "10!"})
         return good, none
 
     good, none = asyncio.run(scenario())
@@ -124,9 +106,9 @@ def test_coder_role_runs_the_written_code_in_the_sandbox():
 @pytest.mark.parametrize("status,transient", [(400, False), (429, True), (503, True)])
 def test_http_errors_are_tool_errors(status, transient):
     async def scenario():
-        async with openai_server("x", status=status) as (url, _):
+        async with ScriptedChatServer(lambda body: (status, "boom")) as srv:
             with pytest.raises(ToolError) as err:
-                await tool_for(url)({"query": "q"})
+                await tool_for(srv.base_url)({"query": "q"})
             return err.value
 
     err = asyncio.run(scenario())
