@@ -213,3 +213,24 @@ def test_packed_rows_are_for_the_sft_step_only(tmp_path):
     with pytest.raises(ValueError, match="packed rows need GRPOConfig.agg='token-mean'; "
                                          "agg='seq-mean-token-mean'"):
         seq_mean(state, batch)
+
+
+@pytest.mark.slow
+def test_packed_sft_step_on_a_2x4_mesh_matches_one_device(tmp_path):
+    """segment_ids / positions are split over the batch axes with the rest of the batch."""
+    from orchestrax import parallel
+    batch = packed_batch(tmp_path, batch_size=8)
+    ocfg = rl.OptimizerConfig(lr=0.1, eps=1.0, weight_decay=0.0, max_grad_norm=None)
+    gcfg = rl.GRPOConfig(objective="sft", compute_entropy=False)
+    mesh = parallel.make_mesh(parallel.MeshConfig(axes=(("data", 2), ("fsdp", 4),
+                                                        ("tensor", 1))))
+    out = []
+    for m in (None, mesh):
+        train = rl.make_train_step(MCFG, gcfg, ocfg, m)
+        params = models.init_params(MCFG, seed=4)
+        if m is not None:
+            params = jax.device_put(params, train.shardings.params)
+        out.append(train.step(train.init(params), batch))
+    (s1, m1), (s8, m8) = out
+    assert float(m1["loss"]) == pytest.approx(float(m8["loss"]), abs=1e-5)
+    chex.assert_trees_all_close(s1.params, s8.params, atol=1e-5, rtol=0)
