@@ -169,6 +169,19 @@ def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
     nq, b, bq, kh, g, h = q_nBTKGH.shape
     bk = k_nBSKH.shape[2]
     q_seg_nBT, k_seg_nBS = (None, None) if segments is None else segments
+    residuals = (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset)
+    if nq == 1 and k_nBSKH.shape[0] == 1:
+        # One tile (T <= block_q and S within a tile: short rows, every decode step): a plain
+        # masked softmax; the loop machinery of the recurrence below costs ~8% at T = 512 on CPU.
+        pair = None if segments is None else (q_seg_nBT[0], k_seg_nBS[0])
+        mask = _visible(0, 0, bq, bk, valid_nBS[0], q_offset, pair)
+        s = jnp.where(mask, _scores(q_nBTKGH[0], k_nBSKH[0]), _NEG)
+        m_BKGT = jnp.max(s, axis=-1)
+        p = jnp.where(mask, jnp.exp(s - m_BKGT[..., None]), 0.0)
+        acc_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(v_nBSKH.dtype), v_nBSKH[0],
+                               preferred_element_type=jnp.float32)
+        out, lse = _normalise(m_BKGT, jnp.sum(p, axis=-1), acc_BKGTH, q_nBTKGH.dtype)
+        return out[None], residuals + (out[None], lse[None])
 
     def one_query_block(xs):
         i, q_BTKGH, q_seg_BT = xs
@@ -194,13 +207,20 @@ def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
                 jnp.zeros((b, kh, g, bq, h), jnp.float32))
         (m, l, acc), _ = jax.lax.scan(step, init, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
                                                    v_nBSKH, valid_nBS, k_seg_nBS))
-        seen = l > 0
-        out_BKGTH = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
-        lse_BKGT = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
-        return jnp.einsum("BKGTH->BTKGH", out_BKGTH).astype(q_BTKGH.dtype), lse_BKGT
+        return _normalise(m, l, acc, q_BTKGH.dtype)
 
     out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), q_nBTKGH, q_seg_nBT))
-    return out, (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset, out, lse)
+    return out, residuals + (out, lse)
+
+
+def _normalise(m_BKGT, l_BKGT, acc_BKGTH, dtype):
+    """(output [B, T, K, G, H] in `dtype`, log-sum-exp [B, K, G, T]) from the softmax's running
+    max, denominator and weighted sum; a row that saw no key gives 0 for both."""
+    seen = l_BKGT > 0
+    l_safe = jnp.where(seen, l_BKGT, 1.0)
+    out_BKGTH = jnp.where(seen[..., None], acc_BKGTH / l_safe[..., None], 0.0)
+    lse_BKGT = jnp.where(seen, m_BKGT + jnp.log(l_safe), 0.0)
+    return jnp.einsum("BKGTH->BTKGH", out_BKGTH).astype(dtype), lse_BKGT
 
 
 def _flash_bwd(res, dout_nBTKGH):
