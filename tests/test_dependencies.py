@@ -181,6 +181,18 @@ def test_every_core_dependency_is_imported_by_the_package_or_has_a_reason():
     assert not set(CORE_WITHOUT_IMPORT) & imported, "imported now: drop the reason"
 
 
+# The stack the product promises to be built on: each is a core dependency doing work in the
+# package itself (chex, say, checks the rl functions' shapes), not only in the tests.
+PROMISED = ("jax", "flax", "optax", "orbax-checkpoint", "chex", "grain", "tensorstore",
+            "transformers", "aiohttp")
+
+
+def test_the_promised_stack_is_core_and_used_by_the_package():
+    imported = {_distribution(m) for p in _files("orchestrax") for m, _, _ in _third_party(p)}
+    assert [d for d in PROMISED if d not in CORE] == []
+    assert [d for d in PROMISED if d not in imported | set(CORE_WITHOUT_IMPORT)] == []
+
+
 def test_every_dev_dependency_is_used_by_tests_or_benchmarks():
     imported = {_distribution(m) for p in _files("tests", "bench") for m, _, _ in _third_party(p)}
     text = "\n".join(p.read_text() for p in _files("tests"))

@@ -133,3 +133,19 @@ def test_pipeline_masked_advantages_are_zero_where_dropped():
     A = np.asarray(rl.group_advantages(R, mask=keep))
     assert A[0, 3] == 0.0
     assert abs(A[0, :3].sum()) < 1e-5
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_broken_shapes_name_the_argument_at_trace_time(estimator):
+    """The estimators are jitted; the contract fails when they are traced, naming R or mask."""
+    with pytest.raises(ValueError, match=r"rank 1 \(shape \(4,\)\) but expected 2\. "
+                                         r"\[advantages: R must be \[Q,G\] rewards\]"):
+        rl.compute_advantages(np.zeros(4), estimator)
+    with pytest.raises(ValueError, match=r"shape \(2, 3\) but expected \(2, 4\)\. "
+                                         r"\[advantages: mask must be \[Q,G\] = \(2, 4\)"):
+        rl.compute_advantages(np.zeros((2, 4)), estimator, mask=np.ones((2, 3), bool))
+
+
+def test_sample_mask_names_a_misshapen_filter_input():
+    with pytest.raises(ValueError, match=r"\[sample_mask: format_errors must be \[Q,G\]"):
+        rl.sample_mask(np.zeros((2, 4)), format_errors=np.zeros((4, 2)))

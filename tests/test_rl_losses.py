@@ -206,8 +206,6 @@ def test_bad_arguments_name_field_and_values():
         rl.policy_loss(logp, old, adv, mask, agg="mean")
     with pytest.raises(ValueError, match="kl='k2'; allowed values: k1, k3, mse"):
         rl.policy_loss(logp, old, adv, mask, ref_logprobs=old, kl="k2")
-    with pytest.raises(ValueError, match="advantages must be"):
-        rl.policy_loss(logp, old, np.zeros((3,)), mask)
     with pytest.raises(ValueError, match="kl_coef > 0 needs ref_logprobs"):
         rl.policy_loss(logp, old, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="GRPOConfig.agg='sum'; allowed values"):
@@ -241,3 +239,72 @@ def test_token_sum_norm_needs_a_fixed_norm_len():
                           norm_len=8)
     assert float(a) == float(b) == pytest.approx((-1.78 / 8 + 2.9 / 8) / 2, abs=1e-6)
     assert rl.GRPOConfig(agg="seq-mean-token-sum-norm", norm_len=4096).norm_len == 4096
+
+
+# chex's account of the shapes, then our argument and its contract (see rl/contracts.py).
+CONTRACT_CASES = [
+    ("advantages [B,1]", dict(advantages=np.ones((2, 1), np.float32)),
+     r"input 0 has shape \(2, 1\) but expected \(2\)\. "
+     r"\[policy_loss: advantages must be \[B\] = \(2,\), one per row of logprobs\]"),
+    ("advantages [B+1]", dict(advantages=np.ones((3,), np.float32)),
+     r"input 0 has shape \(3,\) but expected \(2\)\. \[policy_loss: advantages must be \[B\]"),
+    ("loss mask [B,T-1]", dict(mask=np.ones((2, 3), np.float32)),
+     r"input 0 has shape \(2, 3\) but expected \(2, 4\)\. "
+     r"\[policy_loss: mask must be \[B,T\] = \(2, 4\), the shape of logprobs\]"),
+    ("old_logprobs transposed", dict(old_logprobs=np.zeros((4, 2), np.float32)),
+     r"input 0 has shape \(4, 2\) but expected \(2, 4\)\. \[policy_loss: old_logprobs must "),
+    ("logprobs [B,T,1]", dict(logprobs=np.zeros((2, 4, 1), np.float32)),
+     r"input 0 has rank 3 .* but expected 2\. \[policy_loss: logprobs must be \[B,T\]\]"),
+    ("token ids as logprobs", dict(logprobs=np.zeros((2, 4), np.int32)),
+     r"input 0 has type int32 but expected .*float.*\[policy_loss: logprobs must hold floats\]"),
+    ("int old_logprobs", dict(old_logprobs=np.zeros((2, 4), np.int32)),
+     r"input 0 has type int32 .*\[policy_loss: old_logprobs must hold floats\]"),
+    ("ref_logprobs [B,T+1]", dict(ref_logprobs=np.zeros((2, 5), np.float32)),
+     r"\[policy_loss: ref_logprobs must be \[B,T\] = \(2, 4\)"),
+]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name, bad, match", CONTRACT_CASES, ids=[c[0] for c in CONTRACT_CASES])
+def test_broken_shape_or_dtype_contract_names_the_argument(jit, name, bad, match):
+    """A wrong batch fails when the loss is traced, with a ValueError naming our argument and both
+    shapes (or the dtype), eagerly and under jit alike."""
+    logp, old, adv, mask = hand_batch()
+    args = dict(logprobs=logp, old_logprobs=old, advantages=adv, mask=mask) | bad
+    fn = jax.jit(rl.policy_loss) if jit else rl.policy_loss
+    with pytest.raises(ValueError, match=match):
+        fn(**args)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_the_train_steps_loss_checks_its_weights_and_sft_its_mask(jit):
+    """policy_loss_weighted (what the jitted train step calls) checks the weight arrays too."""
+    from orchestrax.rl.losses import policy_loss_weighted
+    logp, old, adv, mask = hand_batch()
+    w = rl.token_weights(mask)
+    weighted = jax.jit(policy_loss_weighted) if jit else policy_loss_weighted
+    with pytest.raises(ValueError, match=r"\(2, 3\) but expected \(2, 4\)\. "
+                                         r"\[policy_loss: metric_weights must be \[B,T\]"):
+        weighted(logp, old, adv, mask, w, w[:, :3])
+    sft = jax.jit(rl.sft_loss) if jit else rl.sft_loss
+    with pytest.raises(ValueError, match=r"\(2, 3\) but expected \(2, 4\)\. "
+                                         r"\[sft_loss: mask must be \[B,T\]"):
+        sft(logp, mask[:, :3])
+    kl = jax.jit(rl.kl_penalty) if jit else rl.kl_penalty
+    with pytest.raises(ValueError, match=r"\[kl_penalty: ref_logprobs must be \(2, 4\)"):
+        kl(logp, old[:1])
+    tw = jax.jit(rl.token_weights) if jit else rl.token_weights
+    with pytest.raises(ValueError, match=r"\[token_weights: mask must be \[B,T\]\]"):
+        tw(mask[0])
+
+
+def test_contracts_pass_bf16_logprobs_and_cost_no_retrace():
+    """The checks read static shapes only: a bf16 batch passes, and a second call with new values
+    reuses the trace."""
+    import chex
+    logp, old, adv, mask = hand_batch()
+    chex.clear_trace_counter()
+    fn = jax.jit(chex.assert_max_traces(rl.policy_loss, n=1))
+    a, _ = fn(jnp.asarray(logp, jnp.bfloat16), jnp.asarray(old, jnp.bfloat16), adv, mask)
+    b, _ = fn(jnp.asarray(logp + 0.1, jnp.bfloat16), jnp.asarray(old, jnp.bfloat16), -adv, mask)
+    assert np.isfinite(float(a)) and float(a) != float(b)

@@ -184,14 +184,21 @@ def test_bad_inputs_name_the_field():
     c, o, z = np.zeros((1, 2, 2)), np.ones((1, 2)), np.zeros((1, 2))
     with pytest.raises(ValueError, match="scope.*allowed values: group, batch"):
         rl.toolorchestra_reward(c, o, z, z, np.zeros((1, 5)), scope="global")
-    with pytest.raises(ValueError, match=r"preference must be \[Q,N\+3\]"):
+    with pytest.raises(ValueError, match=r"shape \(1, 4\) but expected \(1, 5\)\. "
+                                         r"\[toolorchestra_reward: preference must be \[Q,N\+3\]"):
         rl.toolorchestra_reward(c, o, z, z, np.zeros((1, 4)))
     with pytest.raises(ValueError, match="preference values"):
         rl.toolorchestra_reward(c, o, z, z, np.full((1, 5), 2.0))
     with pytest.raises(ValueError, match="outcome values"):
         rl.toolorchestra_reward(c, np.full((1, 2), 0.5), z, z, np.zeros((1, 5)))
-    with pytest.raises(ValueError, match="cost must be"):
+    with pytest.raises(ValueError, match=r"shape \(2, 2\) but expected \(1, 2\)\. "
+                                         r"\[toolorchestra_reward: cost must be \[Q,G\]"):
         rl.toolorchestra_reward(c, o, np.zeros((2, 2)), z, np.zeros((1, 5)))
+    with pytest.raises(ValueError, match=r"rank 2 \(shape \(2, 2\)\) but expected 3\. "
+                                         r"\[toolorchestra_reward: tool_counts must be \[Q,G,N\]"):
+        rl.toolorchestra_reward(c[0], o, z, z, np.zeros((1, 5)))
+    with pytest.raises(ValueError, match=r"\[toolorchestra_reward: valid must be \[Q,G\]"):
+        rl.toolorchestra_reward(c, o, z, z, np.zeros((1, 5)), valid=np.ones((2, 1), bool))
 
 
 def test_features_from_trajectories():

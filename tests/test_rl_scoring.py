@@ -50,7 +50,7 @@ def test_format_errors_homogeneous_groups_and_preferences():
 
 
 def test_bad_outcome_shape_is_named():
-    with pytest.raises(ValueError,
-                       match=r"outcome_QG has shape \(1, 3\); the groups are 1 × \[2\]"):
+    with pytest.raises(ValueError, match=r"shape \(1, 3\) but expected \(1, 2\)\. \[score_groups: "
+                                         r"outcome_QG must be \[Q,G\] = \(1, 2\)"):
         rl.score_groups([[traj("a"), traj("b")]], np.ones((1, 3)), [["s"]], [OUTCOME_ONLY],
                         rl.GRPOConfig())

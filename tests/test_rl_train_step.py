@@ -137,8 +137,18 @@ def test_bad_batch_names_the_problem(big_step):
     batch = make_batch()
     with pytest.raises(ValueError, match="missing 'advantages'"):
         big_step(fresh_state(), {k: v for k, v in batch.items() if k != "advantages"})
-    with pytest.raises(ValueError, match=r"batch\['advantages'\] has shape \(15,\)"):
+    with pytest.raises(ValueError, match=r"shape \(15,\) but expected \(16\)\. "
+                                         r"\[train_step: batch\['advantages'\] must be \[B\]"):
         big_step(fresh_state(), {**batch, "advantages": batch["advantages"][:15]})
+    with pytest.raises(ValueError, match=r"shape \(16, 9\) but expected \(16, 10\)\. "
+                                         r"\[train_step: batch\['loss_mask'\] must be \[B,T\]"):
+        big_step(fresh_state(), {**batch, "loss_mask": batch["loss_mask"][:, :9]})
+    with pytest.raises(ValueError, match=r"type float32 .*"
+                                         r"\[train_step: batch\['tokens'\] must hold integers\]"):
+        big_step(fresh_state(), {**batch, "tokens": batch["tokens"].astype(np.float32)})
+    with pytest.raises(ValueError,
+                       match=r"rank 1 .*\[train_step: batch\['tokens'\] must be \[B,T\]"):
+        big_step(fresh_state(), {**batch, "tokens": batch["tokens"][:, 0]})
     with pytest.raises(ValueError, match="unknown keys"):
         big_step(fresh_state(), {**batch, "rewards": batch["advantages"]})
     step3 = rl.make_train_step(MCFG, rl.GRPOConfig(num_microbatches=3), OCFG).step

@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 
+from orchestrax.rl import contracts
 from orchestrax.rl.config import ADV_ESTIMATORS, check_choice
 
 
-def _prep(R: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _prep(R: chex.Array, mask: chex.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    contracts.check_rank("advantages", "R", R, 2, "[Q,G] rewards")
     R = jnp.asarray(R, jnp.float32)
-    if R.ndim != 2:
-        raise ValueError(f"rewards must be [Q,G]; got shape {R.shape}")
+    if mask is not None:
+        contracts.check_shape("advantages", "mask", mask, R.shape,
+                              f"[Q,G] = {R.shape}, the shape of R")
     m = jnp.ones(R.shape, bool) if mask is None else jnp.asarray(mask, bool)
-    if m.shape != R.shape:
-        raise ValueError(f"mask must match rewards {R.shape}; got {m.shape}")
     n = jnp.sum(m, axis=1, keepdims=True).astype(jnp.float32)
     return R, m, n
 
 
 @functools.partial(jax.jit, static_argnames="ddof")
-def group_mean_std(R: jax.Array, mask: jax.Array | None = None, ddof: int = 0
+def group_mean_std(R: chex.Array, mask: chex.Array | None = None, ddof: int = 0
                    ) -> tuple[jax.Array, jax.Array]:
     """Masked per-group mean and std ([Q,1] each); std is 0 for groups with ≤ ddof members."""
     R, m, n = _prep(R, mask)
@@ -43,8 +45,8 @@ def _finish(A: jax.Array, m: jax.Array, clip: float | None) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("ddof", "clip"))
-def group_advantages(R: jax.Array, eps: float = 1e-6, ddof: int = 0, clip: float | None = None,
-                     mask: jax.Array | None = None) -> jax.Array:
+def group_advantages(R: chex.Array, eps: float = 1e-6, ddof: int = 0, clip: float | None = None,
+                     mask: chex.Array | None = None) -> jax.Array:
     """GRPO: (R − mean_g) / (std_g + eps), std with `ddof` (0: population), optional ±clip."""
     R, m, _ = _prep(R, mask)
     mean, std = group_mean_std(R, m, ddof)
@@ -52,8 +54,8 @@ def group_advantages(R: jax.Array, eps: float = 1e-6, ddof: int = 0, clip: float
 
 
 @functools.partial(jax.jit, static_argnames="clip")
-def dr_grpo_advantages(R: jax.Array, clip: float | None = None,
-                       mask: jax.Array | None = None) -> jax.Array:
+def dr_grpo_advantages(R: chex.Array, clip: float | None = None,
+                       mask: chex.Array | None = None) -> jax.Array:
     """Dr.GRPO: R − mean_g (no std division, so easy/hard groups are not up-weighted)."""
     R, m, _ = _prep(R, mask)
     mean, _ = group_mean_std(R, m)
@@ -61,8 +63,8 @@ def dr_grpo_advantages(R: jax.Array, clip: float | None = None,
 
 
 @functools.partial(jax.jit, static_argnames="clip")
-def rloo_advantages(R: jax.Array, clip: float | None = None,
-                    mask: jax.Array | None = None) -> jax.Array:
+def rloo_advantages(R: chex.Array, clip: float | None = None,
+                    mask: chex.Array | None = None) -> jax.Array:
     """RLOO: R_i − mean of the other members of the group (0 for a group of one)."""
     R, m, n = _prep(R, mask)
     total = jnp.sum(jnp.where(m, R, 0.0), axis=1, keepdims=True)
@@ -70,9 +72,9 @@ def rloo_advantages(R: jax.Array, clip: float | None = None,
     return _finish(jnp.where(n > 1, R - loo, 0.0), m, clip)
 
 
-def compute_advantages(R: jax.Array, estimator: str = "grpo", *, eps: float = 1e-6,
+def compute_advantages(R: chex.Array, estimator: str = "grpo", *, eps: float = 1e-6,
                        ddof: int = 0, clip: float | None = None,
-                       mask: jax.Array | None = None) -> jax.Array:
+                       mask: chex.Array | None = None) -> jax.Array:
     """Dispatch by name: "grpo", "dr_grpo" or "rloo". [Q,G] -> [Q,G]."""
     check_choice("compute_advantages", "estimator", estimator, ADV_ESTIMATORS)
     if estimator == "grpo":

@@ -7,9 +7,11 @@ A dropped rollout keeps its slot in the batch with sample_mask 0, so it costs no
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
+from orchestrax.rl import contracts
 from orchestrax.rl.advantages import group_mean_std
 
 
@@ -20,14 +22,14 @@ def has_final_answer(answer: str | None) -> bool:
 
 
 @jax.jit
-def homogeneity_mask(R: jax.Array, min_std: float = 0.1, mask: jax.Array | None = None
+def homogeneity_mask(R: chex.Array, min_std: float = 0.1, mask: chex.Array | None = None
                      ) -> jax.Array:
     """bool [Q]: True where the group's population reward std (over `mask`ed members) ≥ min_std."""
     _, std = group_mean_std(R, mask, ddof=0)
     return std[:, 0] >= min_std
 
 
-def validity_mask(format_errors: jax.Array | None = None, has_answer: jax.Array | None = None,
+def validity_mask(format_errors: chex.Array | None = None, has_answer: chex.Array | None = None,
                   shape: tuple[int, int] | None = None) -> jax.Array:
     """bool [Q,G]: no format errors and a final answer present (either input may be omitted)."""
     if format_errors is None and has_answer is None:
@@ -42,15 +44,19 @@ def validity_mask(format_errors: jax.Array | None = None, has_answer: jax.Array 
     return jnp.asarray(ok, bool)
 
 
-def sample_mask(R: jax.Array, *, format_errors: jax.Array | None = None,
-                has_answer: jax.Array | None = None, min_std: float = 0.1
+def sample_mask(R: chex.Array, *, format_errors: chex.Array | None = None,
+                has_answer: chex.Array | None = None, min_std: float = 0.1
                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """(keep [Q,G] bool, counters). R must already be 0 / excluded for invalid rollouts.
 
     Homogeneity is judged on the valid members of each group only.
     """
+    contracts.check_rank("sample_mask", "R", R, 2, "[Q,G]")
     R = jnp.asarray(R, jnp.float32)
     Q, G = R.shape
+    for name, x in (("format_errors", format_errors), ("has_answer", has_answer)):
+        if x is not None:
+            contracts.check_shape("sample_mask", name, x, (Q, G), f"[Q,G] = {R.shape} like R")
     valid = validity_mask(format_errors, has_answer, shape=(Q, G))
     group_ok = homogeneity_mask(R, min_std, valid)
     keep = valid & group_ok[:, None]

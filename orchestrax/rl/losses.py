@@ -11,16 +11,18 @@ exactly (see `token_weights`).
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
+from orchestrax.rl import contracts
 from orchestrax.rl.config import AGG_MODES, KL_ESTIMATORS, check_choice
 
 Metrics = dict[str, jax.Array]
 _sg = jax.lax.stop_gradient
 
 
-def token_weights(mask_BT: jax.Array, agg: str = "token-mean", norm_len: int | None = None
+def token_weights(mask_BT: chex.Array, agg: str = "token-mean", norm_len: int | None = None
                   ) -> jax.Array:
     """[B,T] float32 weights w with loss = Σ loss_bt · w_bt.
 
@@ -30,6 +32,7 @@ def token_weights(mask_BT: jax.Array, agg: str = "token-mean", norm_len: int | N
     """
     check_choice("policy_loss", "agg", agg, AGG_MODES)
     _check_norm_len("policy_loss", agg, norm_len)
+    contracts.check_rank("token_weights", "mask", mask_BT, 2, "[B,T]")
     m = jnp.asarray(mask_BT, jnp.float32)
     n_b = jnp.sum(m, axis=-1, keepdims=True)
     n_seq = jnp.maximum(jnp.sum(n_b > 0), 1).astype(jnp.float32)
@@ -49,10 +52,12 @@ def _check_norm_len(owner: str, agg: str, norm_len: int | None) -> None:
                          "length of each batch")
 
 
-def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, kl: str = "k3") -> jax.Array:
+def kl_penalty(logprobs: chex.Array, ref_logprobs: chex.Array, kl: str = "k3") -> jax.Array:
     """Per-token estimate of KL(π‖π_ref) from samples of π: k1 = logπ − logπ_ref,
     k3 = e^d − d − 1 with d = logπ_ref − logπ (unbiased, ≥ 0), mse = ½(logπ − logπ_ref)²."""
     check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
+    contracts.check_shape("kl_penalty", "ref_logprobs", ref_logprobs, jnp.shape(logprobs),
+                          f"{jnp.shape(logprobs)}, the shape of logprobs")
     diff = logprobs - ref_logprobs
     if kl == "k1":
         return diff
@@ -62,29 +67,40 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, kl: str = "k3") -> 
     return jnp.exp(d) - d - 1.0
 
 
-def _check_shapes(logprobs, old_logprobs, advantages, mask, **optional) -> None:
-    B_T = jnp.shape(logprobs)
-    if len(B_T) != 2:
-        raise ValueError(f"logprobs must be [B,T]; got shape {B_T}")
-    for name, x in (("old_logprobs", old_logprobs), ("mask", mask), *optional.items()):
-        if x is not None and jnp.shape(x) != B_T:
-            raise ValueError(f"{name} must have the shape of logprobs {B_T}; got {jnp.shape(x)}")
-    if jnp.shape(advantages) != B_T[:1]:
-        raise ValueError(f"advantages must be [B]=({B_T[0]},); got {jnp.shape(advantages)}")
+def _check_inputs(owner: str, logprobs: chex.Array, mask: chex.Array,
+                  advantages: chex.Array | None = None, **like_logprobs: chex.Array | None
+                  ) -> None:
+    """logprobs float [B,T]; mask and every given `like_logprobs` array [B,T] too (the ones named
+    *logprobs floats); advantages [B]. Runs at trace time under jit."""
+    contracts.check_rank(owner, "logprobs", logprobs, 2, "[B,T]")
+    contracts.check_floating(owner, "logprobs", logprobs)
+    B_T = tuple(jnp.shape(logprobs))
+    for name, x in (("mask", mask), *like_logprobs.items()):
+        if x is None:
+            continue
+        contracts.check_shape(owner, name, x, B_T, f"[B,T] = {B_T}, the shape of logprobs")
+        if name.endswith("logprobs"):
+            contracts.check_floating(owner, name, x)
+    if advantages is not None:
+        contracts.check_shape(owner, "advantages", advantages, B_T[:1],
+                              f"[B] = ({B_T[0]},), one per row of logprobs")
 
 
-def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
-                         mask: jax.Array, weights: jax.Array, metric_weights: jax.Array, *,
+def policy_loss_weighted(logprobs: chex.Array, old_logprobs: chex.Array, advantages: chex.Array,
+                         mask: chex.Array, weights: chex.Array, metric_weights: chex.Array, *,
                          clip_low: float = 0.2, clip_high: float = 0.28,
                          dual_clip: float | None = 10.0, log_ratio_clamp: float = 20.0,
-                         ref_logprobs: jax.Array | None = None, kl_coef: float = 0.0,
-                         kl: str = "k3", sampler_logprobs: jax.Array | None = None,
-                         tis_cap: float | None = None, entropy: jax.Array | None = None
+                         ref_logprobs: chex.Array | None = None, kl_coef: float = 0.0,
+                         kl: str = "k3", sampler_logprobs: chex.Array | None = None,
+                         tis_cap: float | None = None, entropy: chex.Array | None = None
                          ) -> tuple[jax.Array, Metrics]:
     """`policy_loss` with explicit loss weights and token-mean metric weights (both [B,T]).
 
     Metrics are Σ x·metric_weights (additive over micro-batches) except keys ending in "_max".
     """
+    _check_inputs("policy_loss", logprobs, mask, advantages, old_logprobs=old_logprobs,
+                  weights=weights, metric_weights=metric_weights, ref_logprobs=ref_logprobs,
+                  sampler_logprobs=sampler_logprobs, entropy=entropy)
     m = jnp.asarray(mask, jnp.float32)
     on = m > 0
     # Masked slots may hold anything (−inf padding, NaN from dropped rows); zero them first so
@@ -140,13 +156,13 @@ def policy_loss_weighted(logprobs: jax.Array, old_logprobs: jax.Array, advantage
     return loss, metrics
 
 
-def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
-                mask: jax.Array, clip_low: float = 0.2, clip_high: float = 0.28,
-                agg: str = "token-mean", ref_logprobs: jax.Array | None = None,
+def policy_loss(logprobs: chex.Array, old_logprobs: chex.Array, advantages: chex.Array,
+                mask: chex.Array, clip_low: float = 0.2, clip_high: float = 0.28,
+                agg: str = "token-mean", ref_logprobs: chex.Array | None = None,
                 kl_coef: float = 0.0, kl: str = "k3", *, dual_clip: float | None = 10.0,
                 log_ratio_clamp: float = 20.0, norm_len: int | None = None,
-                sampler_logprobs: jax.Array | None = None, tis_cap: float | None = None,
-                entropy: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
+                sampler_logprobs: chex.Array | None = None, tis_cap: float | None = None,
+                entropy: chex.Array | None = None) -> tuple[jax.Array, Metrics]:
     """Clipped-surrogate GRPO/PPO loss (to minimise) and metrics.
 
     logprobs, old_logprobs, mask, ref/sampler logprobs, entropy: [B,T]; advantages: [B].
@@ -156,8 +172,6 @@ def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Ar
     """
     check_choice("policy_loss", "agg", agg, AGG_MODES)
     check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
-    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs=ref_logprobs,
-                  sampler_logprobs=sampler_logprobs, entropy=entropy)
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     w = token_weights(mask, agg, norm_len)
@@ -169,13 +183,11 @@ def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Ar
         tis_cap=tis_cap, entropy=entropy)
 
 
-def sft_loss(logprobs: jax.Array, mask: jax.Array, agg: str = "token-mean",
-             norm_len: int | None = None, weights: jax.Array | None = None
+def sft_loss(logprobs: chex.Array, mask: chex.Array, agg: str = "token-mean",
+             norm_len: int | None = None, weights: chex.Array | None = None
              ) -> tuple[jax.Array, Metrics]:
     """Masked token cross-entropy −Σ logp·w on the GRPO batch format ([B,T] each)."""
-    if jnp.shape(mask) != jnp.shape(logprobs):
-        raise ValueError(f"mask must have the shape of logprobs {jnp.shape(logprobs)}; "
-                         f"got {jnp.shape(mask)}")
+    _check_inputs("sft_loss", logprobs, mask, weights=weights)
     w = token_weights(mask, agg, norm_len) if weights is None else weights
     loss = -jnp.sum(logprobs * w)
     return loss, {"loss": _sg(loss), "policy_tokens": jnp.sum(jnp.asarray(mask, jnp.float32))}

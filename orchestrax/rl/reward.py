@@ -12,10 +12,12 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from orchestrax.rl import contracts
 from orchestrax.rl.config import REWARD_SCOPES, check_choice
 
 
@@ -53,9 +55,9 @@ def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str) -> jax.A
     return jnp.where(v, norm, 0.0)
 
 
-def toolorchestra_reward(tool_counts: jax.Array, outcome: jax.Array, cost: jax.Array,
-                         latency: jax.Array, preference: jax.Array, scope: str = "group",
-                         valid: jax.Array | None = None) -> jax.Array:
+def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: chex.Array,
+                         latency: chex.Array, preference: chex.Array, scope: str = "group",
+                         valid: chex.Array | None = None) -> jax.Array:
     """R[Q,G] = M_norm · P for correct rollouts, 0 otherwise.
 
     tool_counts [Q,G,N] calls per tool; outcome [Q,G] in {0,1}; cost [Q,G] dollars (≥ 0);
@@ -63,18 +65,15 @@ def toolorchestra_reward(tool_counts: jax.Array, outcome: jax.Array, cost: jax.A
     latency). valid [Q,G] bool (default all): rollouts removed by the format/answer filters, which
     take no part in the normalisation and get R = 0.
     """
-    tool_counts = jnp.asarray(tool_counts)
-    outcome = jnp.asarray(outcome)
+    owner = "toolorchestra_reward"
+    tool_counts, outcome, cost, latency = map(jnp.asarray, (tool_counts, outcome, cost, latency))
     preference = jnp.asarray(preference, jnp.float32)
-    if tool_counts.ndim != 3:
-        raise ValueError(f"tool_counts must be [Q,G,N]; got shape {tool_counts.shape}")
+    contracts.check_rank(owner, "tool_counts", tool_counts, 3, "[Q,G,N]")
     Q, G, N = tool_counts.shape
     for name, x in (("outcome", outcome), ("cost", cost), ("latency", latency)):
-        if jnp.shape(x) != (Q, G):
-            raise ValueError(f"{name} must be [Q,G]=({Q},{G}); got shape {jnp.shape(x)}")
-    if preference.shape != (Q, N + 3):
-        raise ValueError(f"preference must be [Q,N+3]=({Q},{N + 3}) ordered (tools…, outcome, "
-                         f"compute, latency); got shape {preference.shape}")
+        contracts.check_shape(owner, name, x, (Q, G), f"[Q,G] = ({Q}, {G}) like tool_counts")
+    contracts.check_shape(owner, "preference", preference, (Q, N + 3),
+                          f"[Q,N+3] = ({Q}, {N + 3}) ordered (tools…, outcome, compute, latency)")
     if _concrete(preference):
         p = np.asarray(preference)
         if not np.all((p >= 0) & (p <= 1)):
@@ -84,6 +83,9 @@ def toolorchestra_reward(tool_counts: jax.Array, outcome: jax.Array, cost: jax.A
         if not np.all((o == 0) | (o == 1)):
             raise ValueError("outcome values must be 0 or 1")
     check_choice("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
+    if valid is not None:
+        contracts.check_shape(owner, "valid", valid, (Q, G),
+                              f"[Q,G] = ({Q}, {G}) like tool_counts")
     valid_QG = jnp.ones((Q, G), bool) if valid is None else jnp.asarray(valid, bool)
     return _reward(tool_counts, outcome, cost, latency, preference, valid_QG, scope)
 

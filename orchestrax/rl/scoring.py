@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from orchestrax.rl import contracts
 from orchestrax.rl.advantages import compute_advantages
 from orchestrax.rl.config import GRPOConfig
 from orchestrax.rl.filters import has_final_answer, sample_mask
@@ -36,11 +37,10 @@ def score_groups(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
     preferences[q] as in `group_features`. Trajectories need `tool_calls`, `cost`, `latency`,
     `format_errors` and `final_answer`.
     """
+    feats = group_features(groups, tool_names, preferences)   # checks that the groups are Q × G
     outcome_QG = np.asarray(outcome_QG, np.float32)
-    if outcome_QG.shape != (len(groups), len(groups[0]) if groups else 0):
-        raise ValueError(f"outcome_QG has shape {outcome_QG.shape}; the groups are "
-                         f"{len(groups)} × {[len(g) for g in groups]}")
-    feats = group_features(groups, tool_names, preferences)
+    contracts.check_shape("score_groups", "outcome_QG", outcome_QG, feats.cost_QG.shape,
+                          f"[Q,G] = {feats.cost_QG.shape}, Q groups of G trajectories")
     fmt = np.array([[tr.format_errors for tr in gr] for gr in groups], np.int32)
     answered = np.array([[has_final_answer(tr.final_answer) for tr in gr] for gr in groups])
     valid = (fmt == 0) & answered

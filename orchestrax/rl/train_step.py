@@ -29,6 +29,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchestrax import models, parallel
+from orchestrax.rl import contracts
 from orchestrax.rl.config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.losses import policy_loss_weighted, sft_loss, token_weights
 from orchestrax.rl.optim import lr_schedule, make_optimizer
@@ -57,11 +58,16 @@ def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
     unknown = set(batch) - set(_ROW_KEYS)
     if unknown:
         raise ValueError(f"batch has unknown keys {sorted(unknown)}; allowed: {_ROW_KEYS}")
+    contracts.check_rank("train_step", "batch['tokens']", batch["tokens"], 2, "[B,T]")
     B, T = batch["tokens"].shape
     for k, v in batch.items():
-        want = (B,) if k in ("advantages", "sample_mask") else (B, T)
-        if tuple(v.shape) != want:
-            raise ValueError(f"batch[{k!r}] has shape {tuple(v.shape)}; expected {want}")
+        if k in ("advantages", "sample_mask"):
+            contracts.check_shape("train_step", f"batch[{k!r}]", v, (B,), f"[B] = ({B},)")
+        else:
+            contracts.check_shape("train_step", f"batch[{k!r}]", v, (B, T),
+                                  f"[B,T] = {(B, T)} like batch['tokens']")
+        if k in ("tokens", "segment_ids", "positions"):
+            contracts.check_integer("train_step", f"batch[{k!r}]", v)
     n = gcfg.num_minibatches * gcfg.num_microbatches
     if B % n:
         raise ValueError(f"batch size {B} is not divisible by num_minibatches × num_microbatches "
