@@ -71,3 +71,9 @@ class GenerateResult:
 
 class Sampler(Protocol):
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]: ...
+
+    async def aclose(self) -> None:
+        """Release what the sampler holds (HTTP sessions, health-check tasks); its owner awaits
+        this once, when done with it. The default does nothing, for samplers that hold nothing;
+        a class inherits it by naming `Sampler` as a base (a Protocol's defaults are not
+        inherited structurally)."""
