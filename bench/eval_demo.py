@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import peak_rss_mib, record  # noqa: E402
 
 from orchestrax.agent.episode import EpisodeConfig  # noqa: E402
-from orchestrax.eval.main import EvalRun, run_eval, write_outputs  # noqa: E402
+from orchestrax.eval.suite import EvalRun, run_eval, write_outputs  # noqa: E402
 from orchestrax.eval.policy import load_policy  # noqa: E402
 from orchestrax.eval.report import table  # noqa: E402
 from orchestrax.eval.runners import EvalConfig  # noqa: E402

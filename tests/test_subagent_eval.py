@@ -10,10 +10,10 @@ import pytest
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.grid import GridPoint, grid_points, grid_table, run_grid, write_grid
-from orchestrax.eval.main import EvalRun
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.subagent import SubagentOptions
+from orchestrax.eval.suite import EvalRun
 from orchestrax.eval.tasksets import TaskSetOptions
 from orchestrax.tools.python_tool import PythonTool
 from orchestrax.tools.sandbox import SandboxConfig

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import pathlib
@@ -75,8 +74,7 @@ class TokenPolicy:
         return PolicyEpisode(trajectory=traj, turn_seconds=timed.seconds)
 
     async def aclose(self) -> None:
-        if hasattr(self.sampler, "aclose"):
-            await self.sampler.aclose()
+        await self.sampler.aclose()
 
 
 def _tool_responses(observations: Sequence[str]) -> str:
@@ -168,21 +166,53 @@ def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
     return load_tokenizer(spec or str(fallback))
 
 
+def _run_params(checkpoints: pathlib.Path) -> tuple[Any, int]:
+    """(params, step) of a training run's newest whole checkpoint, restored by the trainer's own
+    `Checkpointer`: a corrupt newest step is named in one log line (step and file), moved aside
+    to `checkpoints.corrupt/`, and the previous step restored, as when training resumes."""
+    from orchestrax.train.checkpoint import Checkpointer
+    ckpt = Checkpointer(checkpoints, every=0)
+    try:
+        restored, _ = ckpt.restore(_saved_state_shapes(checkpoints))
+        # Steps newer than the restored one were moved aside, so it is the latest left.
+        return restored["params"], ckpt.latest_step
+    finally:
+        ckpt.close()
+
+
+def _saved_state_shapes(checkpoints: pathlib.Path) -> Any:
+    """ShapeDtypeStructs of the saved train state, from Orbax's metadata of the newest step whose
+    metadata reads: eval has no optimizer config to build the state's tree from, and every step
+    of a run saves the same tree (the restore then checks each step's files)."""
+    import jax
+    import orbax.checkpoint as ocp
+    steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()),
+                   reverse=True)
+    if not steps:
+        raise FileNotFoundError(f"{checkpoints} holds no checkpoint")
+    errors = []
+    for step in steps:
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            tree = handler.metadata(checkpoints / str(step) / "state")
+            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
+        except Exception as e:  # noqa: BLE001 -- an unreadable step; the restore names it
+            errors.append(f"step {step}: {type(e).__name__}: {e}")
+        finally:
+            handler.close()
+    raise FileNotFoundError(f"{checkpoints}: no step's train-state metadata reads: "
+                            + "; ".join(errors))
+
+
 def _embedded(path: pathlib.Path, *, dtype: str, max_len: int, max_batch: int, seed: int):
     """(sampler, default tokenizer dir) for an HF directory or a training run directory."""
     from orchestrax import models
     from orchestrax.rollout.embedded import EmbeddedSampler
     if (path / "checkpoints").is_dir() and (path / "model" / "config.json").is_file():
-        import orbax.checkpoint as ocp
         cfg = models.config_from_hf(json.loads((path / "model" / "config.json").read_text()),
                                     dtype=dtype)
-        mngr = ocp.CheckpointManager(path.resolve() / "checkpoints")
-        step = mngr.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{path}/checkpoints holds no checkpoint")
-        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-        mngr.close()
-        params, tok_dir, version = restored["state"]["params"], path / "model", str(step)
+        params, step = _run_params(path.resolve() / "checkpoints")
+        tok_dir, version = path / "model", str(step)
     elif (path / "config.json").is_file():
         cfg, params = models.load_hf(path, dtype=dtype)
         tok_dir, version = path, "hf"
@@ -219,6 +249,3 @@ def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = 
                                  seed=seed)
     return TokenPolicy(sampler, _tokenizer(tokenizer, tok_dir), name=path.name)
 
-
-async def close_all(policies: Sequence[Policy]) -> None:
-    await asyncio.gather(*(p.aclose() for p in policies))
