@@ -205,8 +205,7 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
             for i, (n, new) in enumerate([(3, 5), (70, 9), (12, 30), (31, 11), (5, 1),
                                           (50, 4), (20, 60)])]
         for r in reqs:
-            chunks.add(sampler.engine._padded_len(len(r.input_ids)) if len(r.input_ids) <= 32
-                       else 32)
+            chunks.add(sampler.engine._chunking(len(r.input_ids))[1])
         return await sampler.generate(reqs)
     results = asyncio.run(main())
     assert [len(r.output_ids) for r in results] == [5, 9, 30, 11, 1, 4, 60]

@@ -286,9 +286,11 @@ class ContinuousEngine:
             return (f"top_logprobs={r.top_logprobs}; this engine reports at most "
                     f"{self.top_logprobs} (ContinuousEngine.top_logprobs)")
         n = len(r.input_ids)
-        if self._padded_len(n) >= self.max_len:
-            return (f"input_ids has {n} tokens, {self._padded_len(n)} once padded to whole "
-                    f"prefill chunks; leaves no room to generate in max_len={self.max_len}")
+        padded, _ = self._chunking(n)
+        if padded >= self.max_len:
+            return (f"input_ids has {n} tokens, {padded} once padded to whole prefill chunks "
+                    f"(>= min_chunk={self.min_chunk}); leaves no room to generate in "
+                    f"max_len={self.max_len}")
         return None
 
     def submit(self, r: GenerateRequest, on_tokens: StreamHook | None = None) -> str:
@@ -303,10 +305,10 @@ class ContinuousEngine:
         if seed is None:
             seed = int(self._rng.integers(0, 2**31 - 1))
         n = len(r.input_ids)
-        padded = self._padded_len(n)
+        padded, job_chunk = self._chunking(n)
         job = _Job(request=r, rid=rid, seed=seed % 2**32, on_tokens=on_tokens,
                    max_new=min(r.sampling.max_new_tokens, self.max_len - padded))
-        job.chunk = min(padded, self.prefill_chunk)
+        job.chunk = job_chunk
         job.padded_ids = np.zeros((padded,), np.int32)
         job.padded_ids[padded - n:] = r.input_ids
         job.padded_valid = np.zeros((padded,), np.bool_)
@@ -395,10 +397,22 @@ class ContinuousEngine:
         return bucket(need, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
 
     # --- internals -----------------------------------------------------------------------------
-    def _padded_len(self, n: int) -> int:
+    def _chunking(self, n: int) -> tuple[int, int]:
+        """(padded length, chunk size) of an n-token prompt: one power-of-two bucket up to
+        `prefill_chunk`, else whole `prefill_chunk`s. When that padding would leave no room in
+        `max_len`, the chunk is halved (down to `min_chunk`), so a prompt near the context limit
+        is still admitted, prefilled in more, smaller chunks (sizes from the same halving
+        chain, so no new compile beyond one per size)."""
         if n <= self.prefill_chunk:
-            return bucket(n, lo=self.min_chunk, hi=self.prefill_chunk)
-        return -(-n // self.prefill_chunk) * self.prefill_chunk
+            padded = bucket(n, lo=self.min_chunk, hi=self.prefill_chunk)
+            if padded < self.max_len:
+                return padded, padded
+        chunk = self.prefill_chunk
+        while True:
+            padded = -(-n // chunk) * chunk
+            if padded < self.max_len or chunk // 2 < self.min_chunk:
+                return padded, min(chunk, padded)
+            chunk //= 2
 
     def _settings(self, job: _Job) -> SlotState:
         sp = job.request.sampling
