@@ -146,3 +146,23 @@ def test_rollouts_in_worker_processes(tmp_path, caplog):
     (row,) = [h for h in history if h["phase"] == "rl"]
     assert row["tokens_mean"] > 500 and row["turns_mean"] >= 1
     assert 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["loss"])
+
+
+def test_warm_start_from_jsonl_packs_with_a_token_mean_loss(tmp_path):
+    """`sft_data` runs the grain pipeline's packed rows (segment ids and positions) through the
+    trainer's SFT step, which aggregates by token whatever the RL phase uses: a per-row mean
+    over a packed row would be refused."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "demos.jsonl"
+    with path.open("w") as f:
+        for _ in range(24):
+            n = int(rng.integers(20, 120))
+            f.write(json.dumps({"token_ids": rng.integers(5, 500, n).tolist(),
+                                "loss_mask": [0] * (n // 2) + [1] * (n - n // 2)}) + "\n")
+    cfg = tiny_run(tmp_path / "run", steps=0, sft_steps=2).replace(
+        sft_data=(str(path),), sft_workers=0,
+        grpo=GRPOConfig(num_minibatches=2, agg="seq-mean-token-mean"))
+    history = train(cfg)
+    sft = [h for h in history if h["phase"] == "sft"]
+    assert sft and sft[-1]["step"] == 2
+    assert all(np.isfinite(h["loss"]) and h["loss"] > 0 for h in sft)

@@ -142,9 +142,12 @@ class Trainer:
         """Warm start on the environment's demonstrations (format and task, no preference) or on
         the JSONL trajectories of `sft_data`."""
         cfg = self.cfg
+        # Token-mean whatever the RL phase aggregates by: a packed row holds several sequences,
+        # and a per-row mean would weigh them as one.
         sft = rl.make_train_step(self.model_cfg,
                                  dataclasses.replace(cfg.grpo, objective="sft", num_minibatches=1,
-                                                     temperature=1.0, kl_coef=0.0),
+                                                     temperature=1.0, kl_coef=0.0,
+                                                     agg="token-mean"),
                                  cfg.sft_optim or cfg.optim, self.mesh)
         self.state = sft.init(self.state.params) if self.step == 0 else self.state
         history = []
