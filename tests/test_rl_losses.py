@@ -308,3 +308,22 @@ def test_contracts_pass_bf16_logprobs_and_cost_no_retrace():
     a, _ = fn(jnp.asarray(logp, jnp.bfloat16), jnp.asarray(old, jnp.bfloat16), adv, mask)
     b, _ = fn(jnp.asarray(logp + 0.1, jnp.bfloat16), jnp.asarray(old, jnp.bfloat16), -adv, mask)
     assert np.isfinite(float(a)) and float(a) != float(b)
+
+
+def test_contracts_add_nothing_to_the_compiled_program():
+    """The contracts read shapes while tracing and emit no ops: the lowered program is the same
+    with chex's assertions switched off."""
+    import chex
+    logp, old, adv, mask = hand_batch()
+
+    def lowered():
+        return jax.jit(rl.policy_loss).lower(logp, old, adv, mask).as_text()
+
+    checked = lowered()
+    chex.disable_asserts()
+    try:
+        unchecked = lowered()
+        rl.policy_loss(logp, old, adv[:1], mask)   # really off: this shape error goes unseen
+    finally:
+        chex.enable_asserts()
+    assert checked == unchecked
