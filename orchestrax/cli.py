@@ -23,7 +23,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--param-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights are cast to this once at load (auto: bfloat16 on GPU/TPU, "
                         "float32 on CPU)")
-    p.add_argument("--engine", default="static", choices=("static", "continuous"),
+    p.add_argument("--engine", default="continuous", choices=("static", "continuous"),
                    help="batcher: static batches, or continuous batching (requests join and "
                         "leave between decode steps)")
     p.add_argument("--seed", type=int, default=0, help="--tiny init seed and sampler seed")

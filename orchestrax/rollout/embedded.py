@@ -322,10 +322,11 @@ class ContinuousSampler(EmbeddedSampler):
         super().__init__(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
                          weight_version=weight_version, seed=seed, min_bucket=min_chunk,
                          chunk_tokens=decode_steps)
+        # params=None: the loop hands the engine the current params before every step.
         self.engine = ContinuousEngine(
-            cfg, None, max_batch=max_batch, max_len=max_len, prefill_chunk=min(prefill_chunk,
-                                                                               max_len),
-            decode_steps=decode_steps, top_logprobs=top_logprobs, min_chunk=min_chunk)
+            cfg, None, max_batch=max_batch, max_len=max_len,
+            prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,
+            top_logprobs=top_logprobs, min_chunk=min_chunk)
         self._live: dict[str, _Pending] = {}    # engine rid -> caller, for rows in the engine
         self._next_key = 0
         # (engine rid, ids, logprobs, top, result) recorded by the engine's hook during a step
