@@ -168,14 +168,14 @@ def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
 
 def _run_params(checkpoints: pathlib.Path) -> tuple[Any, int]:
     """(params, step) of a training run's newest whole checkpoint, restored by the trainer's own
-    `Checkpointer`: a corrupt newest step is named in one log line (step and file), moved aside
-    to `checkpoints.corrupt/`, and the previous step restored, as when training resumes."""
+    `Checkpointer`, read-only: a corrupt newest step is named in one log line (step and file)
+    and the previous step restored, as when training resumes, but nothing in the run directory
+    is moved (eval may read a run that is still training)."""
     from orchestrax.train.checkpoint import Checkpointer
-    ckpt = Checkpointer(checkpoints, every=0)
+    ckpt = Checkpointer(checkpoints, every=0, read_only=True)
     try:
         restored, _ = ckpt.restore(_saved_state_shapes(checkpoints))
-        # Steps newer than the restored one were moved aside, so it is the latest left.
-        return restored["params"], ckpt.latest_step
+        return restored["params"], ckpt.restored_step
     finally:
         ckpt.close()
 

@@ -56,16 +56,23 @@ class _Snapshot:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | os.PathLike, *, every: int, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, *, every: int, keep: int = 3,
+                 read_only: bool = False):
+        """`read_only` (a reader such as `orchestrax eval`, maybe beside a live run): never
+        writes, and a corrupt step is only logged and skipped, not moved aside."""
         if keep < 2:
             raise ValueError(f"Checkpointer keep={keep}; must be >= 2 so a corrupt newest step "
                              "has a previous one to fall back to")
-        self.every, self.keep = every, keep
+        self.every, self.keep, self.read_only = every, keep, read_only
+        self.restored_step: int | None = None
         self.directory = pathlib.Path(os.path.abspath(directory))
         self._pending: int | None = None
         self._mngr = self._manager()
 
     def _manager(self) -> ocp.CheckpointManager:
+        if self.read_only:  # the options a reader leaves at their defaults (Orbax warns else)
+            return ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+                read_only=True, save_interval_steps=0, create=False))
         return ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=self.keep, save_interval_steps=1, create=True,
             enable_async_checkpointing=True))
@@ -116,6 +123,7 @@ class Checkpointer:
             for bad, _ in failed:
                 self._quarantine(bad)
             log.info("restored checkpoint of step %d", s)
+            self.restored_step = s
             return out["state"], out["meta"]
         if all(isinstance(e, CorruptCheckpoint) for _, e in failed):
             raise FileNotFoundError(f"no whole checkpoint in {self.directory}: steps {steps} are "
@@ -182,6 +190,8 @@ class Checkpointer:
         run can save that step number again."""
         log.warning("checkpoint step %d is corrupt (%s: %s); falling back to the previous step",
                     bad.step, bad.file, bad.why)
+        if self.read_only:
+            return
         if jax.process_index() == 0:
             attic = self._attic()
             attic.mkdir(exist_ok=True)
