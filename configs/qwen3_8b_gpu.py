@@ -19,6 +19,9 @@ def config() -> TrainConfig:
         # bf16 compute; params and Adam moments stay fp32 (load_hf makes fp32 master weights),
         # weight syncs to SGLang are written in bf16 (save_hf's default is the compute dtype).
         dtype="bfloat16",
+        # Recompute each block in the backward pass: bench/memory.py's per-device figures (and
+        # the fit of a 24k-token episode) assume it.
+        remat="full",
         mesh=MeshConfig(axes=(("data", 1), ("fsdp", -1), ("tensor", 1))),
         # Published run: clip 0.2/0.28, advantages clipped to ±3, homogeneity filter 0.1.
         grpo=GRPOConfig(clip_low=0.2, clip_high=0.28, dual_clip=10.0, adv_clip=3.0,

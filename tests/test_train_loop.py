@@ -118,9 +118,11 @@ def test_configs_build_and_overrides_name_the_field():
         apply_overrides(demo, ["rollout.backend=vllm"])
     gpu = load_config(str(ROOT / "configs" / "qwen3_8b_gpu.py"))
     assert gpu.rollout.backend == "sglang" and len(gpu.rollout.server_urls) == 4
+    assert gpu.remat == "full"  # what bench/memory.py's figures for these configs assume
     emb = load_config(str(ROOT / "configs" / "qwen3_8b_gpu.py") + ":config_embedded")
     assert emb.rollout.backend == "embedded"
-    assert runpy.run_path(str(ROOT / "configs" / "qwen3_tpu.py"))["config"]().mesh is not None
+    tpu = runpy.run_path(str(ROOT / "configs" / "qwen3_tpu.py"))["config"]()
+    assert tpu.mesh is not None and tpu.remat == "full"
 
 
 def test_bad_train_config_is_named():

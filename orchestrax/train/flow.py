@@ -228,8 +228,8 @@ def make_subagent_sampler(cfg: "TrainConfig", model_cfg, params):
     import jax
     import jax.numpy as jnp
 
-    from orchestrax.rollout.embedded import EmbeddedSampler
+    from orchestrax.rollout.embedded import make_embedded_sampler
     r = cfg.rollout
-    return EmbeddedSampler(model_cfg, jax.tree.map(jnp.copy, params),
-                           max_batch=r.sampler_max_batch, max_len=r.context_tokens,
-                           seed=cfg.seed + 1)
+    return make_embedded_sampler(r.engine, model_cfg, jax.tree.map(jnp.copy, params),
+                                 max_batch=r.sampler_max_batch, max_len=r.context_tokens,
+                                 seed=cfg.seed + 1)
