@@ -4,6 +4,7 @@ compiled memory grows linearly in T."""
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +52,16 @@ def max_diff_on(real_BT, a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))[real_BT]))
 
 
+def assert_same_gradients(ours, ref, q, k, v, valid):
+    """d/dq, d/dk, d/dv of a random weighting of the outputs agree to 1e-5; the loss reads real
+    queries only (padding rows are outputs nobody reads)."""
+    w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+    w = w * valid[:, :, None, None]
+    grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a, valid) * w),  # noqa: E731
+                                      argnums=(0, 1, 2)))
+    chex.assert_trees_all_close(grad(ours)(q, k, v), grad(ref)(q, k, v), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("block_q,block_k", [(512, 512), (4, 4), (3, 5), (5, 2)])
 def test_values_and_gradients_equal_the_materialised_attention(block_q, block_k):
     q, k, v = qkv()
@@ -58,13 +69,7 @@ def test_values_and_gradients_equal_the_materialised_attention(block_q, block_k)
     ours = functools.partial(attention, block_q=block_q, block_k=block_k, fused=None)
     got = jax.jit(ours)(q, k, v, valid)
     assert max_diff_on(valid, got, materialised_attention(q, k, v, valid)) <= 1e-5
-    # A loss over real queries only: padding rows are outputs nobody reads.
-    w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
-    w = w * valid[:, :, None, None]
-    grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a, valid) * w),  # noqa: E731
-                                      argnums=(0, 1, 2)))
-    for g_ours, g_ref in zip(grad(ours)(q, k, v), grad(materialised_attention)(q, k, v)):
-        np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), atol=1e-5, rtol=0)
+    assert_same_gradients(ours, materialised_attention, q, k, v, valid)
 
 
 def test_queries_at_a_cache_offset():
@@ -115,12 +120,7 @@ def test_segments_values_and_gradients_equal_the_masked_softmax(block_q, block_k
                              fused=fused)
     ref = functools.partial(materialised_attention, segment_ids_BT=seg)
     assert max_diff_on(valid, jax.jit(ours)(q, k, v, valid), ref(q, k, v, valid)) <= 1e-5
-    w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
-    w = w * valid[:, :, None, None]
-    grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a, valid) * w),  # noqa: E731
-                                      argnums=(0, 1, 2)))
-    for g_ours, g_ref in zip(grad(ours)(q, k, v), grad(ref)(q, k, v)):
-        np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), atol=1e-5, rtol=0)
+    assert_same_gradients(ours, ref, q, k, v, valid)
     # The reference can tell: without segments, later sequences read the earlier ones.
     unsegmented = materialised_attention(q, k, v, valid)
     assert max_diff_on(valid, jax.jit(ours)(q, k, v, valid), unsegmented) > 1e-2
