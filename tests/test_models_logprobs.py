@@ -3,6 +3,7 @@ a smaller compiled working set."""
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,8 +49,7 @@ def test_chunked_gradients_equal_the_one_shot_path():
 
     ref = jax.grad(loss)(PARAMS, None)
     got = jax.grad(loss)(PARAMS, 4)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    chex.assert_trees_all_close(got, ref, atol=1e-5, rtol=1e-4)
 
 
 def test_chunking_shrinks_the_compiled_working_set():

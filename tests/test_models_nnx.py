@@ -60,9 +60,7 @@ def test_logical_names_and_shardings_equal_the_old_table(cfg):
     shapes = jax.eval_shape(lambda: models.init_params(cfg))
     want = parallel.tree_shardings(shapes, old_logical_axes(cfg), mesh)
     got = models.param_shardings(cfg, mesh)
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        assert g == w
+    assert got == want  # same tree structure and equal shardings leaf by leaf
     assert got["layers"]["q"].spec == P(None, "fsdp", "tensor", None)
 
 

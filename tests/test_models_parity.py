@@ -1,5 +1,6 @@
 """Logit parity with transformers' Qwen3ForCausalLM (torch fp32, CPU), both directions."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,5 +98,4 @@ def test_round_trip_is_exact(tmp_path):
     cfg2, params2 = models.load_hf(tmp_path)
     assert cfg2.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=0) == \
         cfg.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=0)
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(params, params2)
