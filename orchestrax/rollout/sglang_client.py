@@ -1,11 +1,20 @@
 """Sampler over one or more SGLang-compatible servers (real SGLang, `sglang-router`, or
 `orchestrax serve`), speaking the native `/generate` API over aiohttp.
 
-Each request goes to the healthy server with the fewest outstanding requests; a connection
-error, timeout, 5xx, or a 200 whose body is cut or malformed marks that server down and the
-request is retried on another (same rid; the caller gets exactly one result per request). A 400
-is the request's own fault and is raised at once. A background task re-checks down servers with
-`/health` and, before routing to them again, replays the last weight sync they missed.
+Each request goes to a server that is up and serves the current weights, the one with the fewest
+outstanding requests. A connection error or timeout marks that server down (only a health check
+brings it back); a 5xx, or a 200 whose body is cut or malformed, leaves it up but has it
+re-checked at once. Either way the request is retried on another server (same rid; the caller
+gets exactly one result per request). A 400 is the request's own fault and is raised at once.
+
+Weights. A background task checks every server each `health_interval_s`: `/health`, then
+`/model_info`'s `weight_version` and `model_path`. The client that published weights
+(`update_weights_from_disk`) replays its last sync to a server that reports anything else (one
+that missed it, or restarted since and serves its start weights) before routing to it again.
+A client that publishes nothing (an episode worker's) knows no path or version of its own: it
+does not route to a server that reports the not-yet-synced version while another reports a
+synced one. Every answer's `meta_info.weight_version` is checked the same way, so a server seen
+to be behind has its answer retried elsewhere (counted in `stats["stale_answers"]`).
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ from orchestrax.rollout.protocol import ProtocolError, request_to_json, result_f
 
 log = logging.getLogger(__name__)
 
+# What a server reports before any weight update: SGLang's `--weight-version` default, and
+# `orchestrax serve`'s. The trainer's versions are step numbers, so they never equal it.
+UNSYNCED_VERSION = "default"
+
 
 class SamplerUnavailable(RuntimeError):
     """Every attempt on every server failed."""
@@ -34,6 +47,10 @@ class WeightSyncError(RuntimeError):
 
 class _BadResponse(Exception):
     """A 200 answer whose body is truncated or not a /generate item: retried elsewhere."""
+
+
+class _StaleAnswer(Exception):
+    """A 200 answer from weights other than the current ones, while a current server is up."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,9 +79,15 @@ class SGLangClientConfig:
 @dataclasses.dataclass(eq=False)
 class _Server:
     url: str
-    healthy: bool = True
+    healthy: bool = True                # False: its connection failed; a health check decides
     outstanding: int = 0
-    weight_version: str | None = None   # last version this server confirmed
+    weight_version: str | None = None   # what it last reported (/model_info or an answer)
+    model_path: str | None = None       # what its /model_info last reported (None: unknown)
+    sync_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    check: asyncio.Task | None = None   # the health check in progress, if any
+
+
+_UNREACHABLE = (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)
 
 
 class SGLangClient:
@@ -76,7 +99,7 @@ class SGLangClient:
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
         self._last_sync: dict[str, Any] | None = None
-        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+        self.stats = {"requests": 0, "retries": 0, "failures": 0, "stale_answers": 0}
         self._reported = dict(self.stats)
 
     async def __aenter__(self) -> "SGLangClient":
@@ -87,9 +110,11 @@ class SGLangClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            self._health_task = None
+        tasks = [t for t in [self._health_task, *(s.check for s in self.servers)] if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._health_task = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -103,17 +128,38 @@ class SGLangClient:
             self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
         return self._session
 
+    # --- which server ------------------------------------------------------------------------
+    def behind(self, server: _Server) -> bool:
+        """Whether `server` serves weights other than the current ones. Current: the last sync
+        this client sent (version and path); for a client that sent none, any synced version
+        once some server reports one."""
+        if self._last_sync is not None:
+            return (server.weight_version != self._last_sync["weight_version"]
+                    or server.model_path not in (None, self._last_sync["model_path"]))
+        return server.weight_version == UNSYNCED_VERSION and any(
+            s.weight_version not in (None, "", UNSYNCED_VERSION) for s in self.servers)
+
+    def _pick(self, tried: set[str]) -> _Server:
+        # A server known down only when none is up (it may be back); a server behind only when
+        # no current one is up (its turns are then dropped as stale by the trainer).
+        up = [s for s in self.servers if s.healthy] or self.servers
+        current = [s for s in up if not self.behind(s)] or up
+        pool = [s for s in current if s.url not in tried] or current
+        return min(pool, key=lambda s: s.outstanding)
+
+    def _note_version(self, server: _Server, version: str) -> bool:
+        """Record the weight version an answer reports; True if it is stale while another
+        server that is up serves the current weights."""
+        if version and version != server.weight_version:
+            server.weight_version, server.model_path = version, None  # path: ask /model_info
+        return self.behind(server) and any(s.healthy and not self.behind(s)
+                                           for s in self.servers if s is not server)
+
     # --- generation ----------------------------------------------------------------------------
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         # One HTTP call per request, so routing balances per request and a failure retries
         # only the request it hit.
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
-
-    def _pick(self, tried: set[str]) -> _Server:
-        pool = [s for s in self.servers if s.healthy and s.url not in tried] \
-            or [s for s in self.servers if s.healthy] \
-            or [s for s in self.servers if s.url not in tried] or self.servers
-        return min(pool, key=lambda s: s.outstanding)
 
     async def _one(self, req: GenerateRequest) -> GenerateResult:
         session = self._ensure_session()
@@ -138,16 +184,23 @@ class SGLangClient:
                                                           status=resp.status,
                                                           message=await resp.text())
                     try:
-                        return result_from_json(await resp.json(), request=req)
+                        result = result_from_json(await resp.json(), request=req)
                     except (ValueError, aiohttp.ContentTypeError) as e:
                         # A 200 that does not parse is the server's (or the network's) fault.
                         raise _BadResponse(f"{server.url} sent a malformed body: {e}") from None
+                if self._note_version(server, result.weight_version):
+                    self.stats["stale_answers"] += 1
+                    raise _StaleAnswer(f"{server.url} answered from weights "
+                                       f"{result.weight_version!r}")
+                return result
             except ProtocolError:
                 raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError,
-                    _BadResponse) as e:
+            except (*_UNREACHABLE, aiohttp.ClientError, _BadResponse, _StaleAnswer) as e:
                 last = e
-                server.healthy = False
+                if isinstance(e, _UNREACHABLE):
+                    server.healthy = False  # refused, reset or timed out: down until checked
+                else:
+                    self._recheck(server)   # it answered: it is up, but ask what it serves
                 self.stats["retries"] += 1
                 log.warning("generate on %s failed (%s); retrying elsewhere", server.url, e)
                 await asyncio.sleep(self.config.retry_backoff_s * 2 ** attempt)
@@ -158,7 +211,8 @@ class SGLangClient:
                                  f"{self.config.max_attempts} attempts: {last}")
 
     def take_counters(self) -> dict[str, int]:
-        """Requests, retries and failed requests since the previous call (for per-step metrics)."""
+        """Requests, retries (failed attempts, stale answers included), failed requests and
+        stale answers since the previous call (for per-step metrics)."""
         out = {k: v - self._reported[k] for k, v in self.stats.items()}
         self._reported = dict(self.stats)
         return out
@@ -177,58 +231,85 @@ class SGLangClient:
             ctype = resp.headers.get("Content-Type", "")
             return resp.status, (await resp.json() if "json" in ctype else await resp.text())
 
-    async def _get_json(self, server: _Server, path: str) -> Any:
-        session = self._ensure_session()
+    async def _read_model_info(self, server: _Server) -> None:
+        """Record the weight version and model path `/model_info` reports (SGLang's field names;
+        SGLang, like `orchestrax serve`, sets model_path to the last loaded directory). A server
+        without the route (a plain proxy) keeps what was known."""
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
-        async with session.get(f"{server.url}{path}", timeout=timeout) as resp:
-            resp.raise_for_status()
-            return await resp.json()
+        async with self._ensure_session().get(f"{server.url}/model_info",
+                                              timeout=timeout) as resp:
+            if resp.status != 200:
+                return
+            info = await resp.json()
+        if isinstance(info, dict) and info.get("weight_version") is not None:
+            server.weight_version = str(info["weight_version"])
+            server.model_path = info.get("model_path")
 
     async def check_health(self, server: _Server) -> bool:
-        session = self._ensure_session()
+        """`/health`, then what `/model_info` says it serves; a server behind this client's last
+        weight sync gets it replayed. Returns whether the server is up and current."""
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
-            async with session.get(f"{server.url}/health", timeout=timeout) as resp:
-                ok = resp.status == 200
-            if ok and self._last_sync and server.weight_version != self._last_sync["weight_version"]:
-                ok = await self._sync_one(server, self._last_sync)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
-            ok = False
-        server.healthy = ok
-        return ok
+            async with self._ensure_session().get(f"{server.url}/health",
+                                                  timeout=timeout) as resp:
+                server.healthy = resp.status == 200
+            if server.healthy:
+                await self._read_model_info(server)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
+            server.healthy = False
+        if server.healthy and self._last_sync is not None and self.behind(server):
+            await self._sync_one(server)
+        return server.healthy and not self.behind(server)
+
+    def _recheck(self, server: _Server) -> asyncio.Task:
+        """A health check of `server` now, unless one is running."""
+        if server.check is None or server.check.done():
+            server.check = asyncio.get_running_loop().create_task(self.check_health(server))
+        return server.check
 
     async def _health_loop(self) -> None:
+        # Every server, not only the ones seen failing: a server restarted between two checks
+        # answers /health but serves its start weights.
         while True:
+            await asyncio.gather(*(self._recheck(s) for s in self.servers),
+                                 return_exceptions=True)
             await asyncio.sleep(self.config.health_interval_s)
-            down = [s for s in self.servers if not s.healthy]
-            if down:
-                await asyncio.gather(*(self.check_health(s) for s in down))
 
-    async def _sync_one(self, server: _Server, body: dict[str, Any]) -> bool:
-        try:
-            status, out = await self._post(server, "/update_weights_from_disk", body)
-            info = await self._get_json(server, "/model_info")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
-            log.warning("weight sync to %s failed: %s", server.url, e)
-            return False
-        ok = status == 200 and info.get("weight_version") == body["weight_version"]
-        if ok:
-            server.weight_version = body["weight_version"]
-        else:
-            log.warning("weight sync to %s rejected: %s %s", server.url, status, out)
-        return ok
+    async def _sync_one(self, server: _Server, *, replay: bool = True) -> bool:
+        """Load this client's last weight sync on `server` and check `/model_info`. One sync per
+        server at a time, and always the newest: a replay never lands after a newer publish,
+        and is skipped if the server became current while it waited."""
+        async with server.sync_lock:
+            if replay and not self.behind(server):
+                return True
+            body = self._last_sync
+            try:
+                status, out = await self._post(server, "/update_weights_from_disk", body)
+                await self._read_model_info(server)
+            except _UNREACHABLE as e:
+                log.warning("weight sync to %s failed: %s", server.url, e)
+                server.healthy = False
+                return False
+            except (aiohttp.ClientError, ValueError) as e:
+                log.warning("weight sync to %s failed: %s", server.url, e)
+                return False
+            ok = status == 200 and not self.behind(server)
+            if not ok:
+                log.warning("weight sync to %s rejected: %s %s (it reports version %r, path %r)",
+                            server.url, status, out, server.weight_version, server.model_path)
+            return ok
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str, *,
                                        abort_all_requests: bool = False) -> None:
-        """Load `model_path` on every server and check `/model_info`'s weight_version. A server
-        that is down now gets the same update when it comes back, before any traffic."""
+        """Load `model_path` on every server and check `/model_info`'s weight_version and
+        model_path. From now on a server that reports anything else is not routed to; the
+        health checks replay this sync to it (a server down now, one that rejected it, one
+        restarted later)."""
         body = {"model_path": model_path, "weight_version": str(weight_version),
                 "abort_all_requests": abort_all_requests}
         self._last_sync = body
         live = [s for s in self.servers if s.healthy]
-        results = await asyncio.gather(*(self._sync_one(s, body) for s in live))
-        for s, ok in zip(live, results):
-            s.healthy = ok
+        results = await asyncio.gather(*(self._sync_one(s, replay=False) for s in live))
         if not any(results):
             raise WeightSyncError(f"no server accepted weights {model_path} "
                                   f"(version {weight_version})")
