@@ -11,10 +11,11 @@ with `--workers 0`. The routing env's tools hang (until the executor's 1 s timeo
 with a transient error at random, in the trainer and in its workers. The trainer runs until the
 time is up and is then stopped with SIGTERM. Reported: RL steps, the retries and failed requests
 the trainer logged (summed over its rows), the failed /generate answers the proxies sent (the
-retries as the servers saw them: logged retries can only be fewer, by the unfinished last
-step's), RSS of the trainer and of its workers at the first RL step and at the end, lost
-episodes (episodes asked for minus episodes returned, must be 0), failed ones, and the load
-average. A line goes to bench/RESULTS.md.
+retries as the servers saw them: logged retries, less the stale answers the client retried,
+can only be fewer, by the unfinished last step's), RSS of the trainer and of its workers at
+the first RL step and at the end, lost episodes (episodes asked for minus episodes returned,
+must be 0), failed ones, stale answers and stale drops, and the load average. A line goes to
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -189,6 +190,10 @@ async def soak(args) -> dict:
                                                             "backend_5xx")),
         "server_kills": kills, **{f"injected_{k}": v for k, v in injected.items()},
         "stale_turns": sum(r.get("rollout/stale_turns", 0) for r in rows),
+        "stale_trajectories": sum(r.get("rollout/stale_trajectories", 0) for r in rows),
+        # Answers from a server behind the published weights, retried elsewhere by the client
+        # (counted in its retries too, though no proxy sent a failure).
+        "stale_answers": sum(r.get("rollout_stale_answers", 0) for r in logged),
         "episodes": sum(r["episodes"] for r in rows),
         "lost_episodes": sum(per_step - r["episodes"] for r in rows),
         "failed_episodes": sum(r["episodes_failed"] for r in rows),
@@ -286,7 +291,9 @@ def main() -> None:
             f"{result['requests'] + result['retries']:.0f} attempts), "
             f"{result['failed_requests']:.0f} failed requests, {result['server_kills']} server "
             f"kills, injected {result['injected_500']} x 500 / {result['injected_truncated']} "
-            f"truncated, {result['stale_turns']:.0f} stale turns dropped, "
+            f"truncated, {result['stale_answers']:.0f} stale answers retried, "
+            f"{result['stale_turns']:.0f} stale turns in {result['stale_trajectories']:.0f} "
+            f"trajectories dropped, "
             f"{result['episodes']:.0f} episodes, lost {result['lost_episodes']:.0f}, failed "
             f"{result['failed_episodes']:.0f}; trainer RSS {result['rss_start_mb'] or 0:.0f} -> "
             f"{result['rss_end_mb'] or 0:.0f} MB, workers' RSS "
