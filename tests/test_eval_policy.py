@@ -1,12 +1,15 @@
-"""`load_policy` on a training run directory restores through the trainer's `Checkpointer` (a
-corrupt newest step falls back to the previous one, named in one log line), and a TokenPolicy
-closes its sampler through the `Sampler` interface."""
+"""`load_policy` on a training run directory restores only the params of the trainer's
+checkpoint through its `Checkpointer` (a corrupt newest step falls back to the previous one, named
+in one log line; the optimizer moments are never read), and a TokenPolicy closes its sampler
+through the `Sampler` interface."""
 
 import asyncio
 import logging
 
 import chex
+import jax
 import pytest
+import tensorstore as ts
 
 from orchestrax import models, rl
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
@@ -14,6 +17,16 @@ from orchestrax.eval.policy import TokenPolicy, load_policy
 from orchestrax.rollout.base import Sampler
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.setup import write_model_card
+
+
+def _state(cfg, seed):
+    """A TrainState after one AdamW update (gradient = params), so the moments are not zeros
+    (Orbax stores an all-zero chunk inline in its index, not in a data file)."""
+    params = models.init_params(cfg, seed)
+    opt_cfg = rl.OptimizerConfig()
+    state = rl.init_state(params, opt_cfg)
+    _, opt_state = rl.make_optimizer(opt_cfg).update(params, state.opt_state, params)
+    return state._replace(opt_state=opt_state)
 
 
 def _run_dir(tmp_path, steps):
@@ -25,10 +38,29 @@ def _run_dir(tmp_path, steps):
     write_model_card(run / "model", cfg, tok)
     ckpt = Checkpointer(run / "checkpoints", every=1)
     for s in steps:
-        state = rl.init_state(models.init_params(cfg, s), rl.OptimizerConfig())
-        ckpt.maybe_save(s, state, {"phase": "rl", "step": s}, force=True)
+        ckpt.maybe_save(s, _state(cfg, s), {"phase": "rl", "step": s}, force=True)
     ckpt.close()
     return run, cfg
+
+
+def _zero_chunks(state_dir, prefix: bytes) -> list[str]:
+    """Overwrite with zeros, in place and at the same size, the stored bytes of every array chunk
+    of the saved state whose key starts with `prefix` (e.g. b"opt_state."), and return the keys.
+    File sizes still match the step's manifest, but reading such a chunk fails (zeros are no zstd
+    frame). Where each chunk lies comes from the OCDBT index, read by tensorstore."""
+    kv = ts.KvStore.open(f"file://{state_dir}/").result()
+    (version,) = ts.ocdbt.dump(kv).result()["versions"]
+    assert version["root_height"] == 0     # one index node holds every key of a tiny state
+    hit = []
+    for entry in ts.ocdbt.dump(kv, version["root"]["location"]).result()["entries"]:
+        if entry["key"].startswith(prefix) and "indirect_value" in entry:
+            # "value:<base>/:d/<file>:<offset>:<length>", relative to the state directory
+            base, file, offset, length = entry["indirect_value"].removeprefix("value:").split(":")
+            with open(state_dir / base / file, "r+b") as f:
+                f.seek(int(offset))
+                f.write(bytes(int(length)))
+            hit.append(entry["key"].decode())
+    return hit
 
 
 def test_a_run_dir_restores_its_newest_step(tmp_path, caplog):
@@ -64,6 +96,43 @@ def test_a_truncated_newest_step_falls_back_to_the_previous_one(tmp_path, caplog
     assert line.startswith("checkpoint step 3 is corrupt (") and str(data) in line
     assert "truncated?" in line and "falling back to the previous step" in line
     assert step_dir.is_dir() and not (run / "checkpoints.corrupt").exists()
+    asyncio.run(policy.aclose())
+
+
+def test_eval_reads_the_params_and_never_the_optimizer_moments(tmp_path, caplog):
+    """Step 3's AdamW moments (mu, nu) zeroed on disk at their saved sizes: training's whole-state
+    restore of the run falls back to step 2, eval loads step 3's params exactly and logs nothing,
+    because it never opens those chunks."""
+    run, cfg = _run_dir(tmp_path, (2, 3))
+    hit = _zero_chunks(run / "checkpoints" / "3" / "state", b"opt_state.")
+    # mu and nu of the 8 matrices; the norms' few bytes sit inline in the index, not in a file
+    assert {k.split(".")[3] for k in hit} == {"mu", "nu"} and len(hit) == 16
+    with caplog.at_level(logging.WARNING, logger="orchestrax"):
+        policy = load_policy(str(run), max_len=64, max_batch=2)
+    assert policy.sampler.weight_version == "3" and _our_warnings(caplog) == []
+    chex.assert_trees_all_equal(policy.sampler.params, models.init_params(cfg, 3))
+    asyncio.run(policy.aclose())
+
+    trainer = Checkpointer(run / "checkpoints", every=0, read_only=True)
+    with caplog.at_level(logging.WARNING, logger="orchestrax"):
+        state, _ = trainer.restore(jax.eval_shape(lambda: _state(cfg, 0)))
+    trainer.close()
+    assert trainer.restored_step == 2
+    chex.assert_trees_all_equal(state, _state(cfg, 2))
+    assert _our_warnings(caplog)[-1].startswith("checkpoint step 3 is corrupt (")
+
+
+def test_corrupt_params_still_fall_back(tmp_path, caplog):
+    """The same same-size damage to one params chunk of step 3 is read by eval: step 2 loads,
+    one line names step 3."""
+    run, cfg = _run_dir(tmp_path, (2, 3))
+    (hit,) = _zero_chunks(run / "checkpoints" / "3" / "state", b"params.embed/")
+    with caplog.at_level(logging.WARNING, logger="orchestrax"):
+        policy = load_policy(str(run), max_len=64, max_batch=2)
+    assert policy.sampler.weight_version == "2"
+    chex.assert_trees_all_equal(policy.sampler.params, models.init_params(cfg, 2))
+    (line,) = _our_warnings(caplog)
+    assert line.startswith("checkpoint step 3 is corrupt (") and "falling back" in line
     asyncio.run(policy.aclose())
 
 

@@ -170,20 +170,22 @@ def _run_params(checkpoints: pathlib.Path) -> tuple[Any, int]:
     """(params, step) of a training run's newest whole checkpoint, restored by the trainer's own
     `Checkpointer`, read-only: a corrupt newest step is named in one log line (step and file)
     and the previous step restored, as when training resumes, but nothing in the run directory
-    is moved (eval may read a run that is still training)."""
+    is moved (eval may read a run that is still training). Only the `params` subtree of the
+    saved train state is read: the AdamW moments (twice the params' bytes) stay on disk."""
     from orchestrax.train.checkpoint import Checkpointer
     ckpt = Checkpointer(checkpoints, every=0, read_only=True)
     try:
-        restored, _ = ckpt.restore(_saved_state_shapes(checkpoints))
+        target = {"params": _saved_params_shapes(checkpoints)}
+        restored, _ = ckpt.restore(target, partial=True)
         return restored["params"], ckpt.restored_step
     finally:
         ckpt.close()
 
 
-def _saved_state_shapes(checkpoints: pathlib.Path) -> Any:
-    """ShapeDtypeStructs of the saved train state, from Orbax's metadata of the newest step whose
-    metadata reads: eval has no optimizer config to build the state's tree from, and every step
-    of a run saves the same tree (the restore then checks each step's files)."""
+def _saved_params_shapes(checkpoints: pathlib.Path) -> Any:
+    """ShapeDtypeStructs (saved sharding) of the train state's `params`, from Orbax's metadata of
+    the newest step whose metadata reads: eval has no model tree to build them from, and every
+    step of a run saves the same tree (the restore then checks each step's files)."""
     import jax
     import orbax.checkpoint as ocp
     steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()),
@@ -194,8 +196,9 @@ def _saved_state_shapes(checkpoints: pathlib.Path) -> Any:
     for step in steps:
         handler = ocp.StandardCheckpointHandler()
         try:
-            tree = handler.metadata(checkpoints / str(step) / "state")
-            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
+            tree = handler.metadata(checkpoints / str(step) / "state")["params"]
+            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(
+                m.shape, m.dtype, sharding=m.sharding and m.sharding.to_jax_sharding()), tree)
         except Exception as e:  # noqa: BLE001 -- an unreadable step; the restore names it
             errors.append(f"step {step}: {type(e).__name__}: {e}")
         finally:

@@ -99,11 +99,15 @@ class Checkpointer:
         log.info("checkpoint of step %d started", step)
         return True
 
-    def restore(self, like_state: Any, step: int | None = None, *,
-                data: Any = None) -> tuple[Any, dict[str, Any]]:
+    def restore(self, like_state: Any, step: int | None = None, *, data: Any = None,
+                partial: bool = False) -> tuple[Any, dict[str, Any]]:
         """Restore onto the shardings of `like_state` (which may differ from the saved ones) and,
         when given, set grain iterator `data` to its saved position. Without `step`, the newest
-        whole step: corrupt ones are logged, moved aside and skipped."""
+        whole step: corrupt ones are logged, moved aside and skipped.
+
+        `partial`: `like_state` is a nested dict naming a subset of the saved state's leaves
+        (e.g. `{"params": ...}`); only those are read from disk, the others are never opened,
+        and the result has `like_state`'s structure. The step is still checked whole first."""
         steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
@@ -111,7 +115,7 @@ class Checkpointer:
         for s in steps:
             try:
                 self._verify(s)
-                out = self._restore(s, like_state, data)
+                out = self._restore(s, like_state, data, partial)
             except Exception as e:  # noqa: BLE001 -- judged below, once an older step restores
                 if step is not None:
                     raise
@@ -130,9 +134,14 @@ class Checkpointer:
                                     f"all corrupt (newest: {failed[0][0]})")
         raise failed[0][1]
 
-    def _restore(self, step: int, like_state: Any, data: Any) -> dict[str, Any]:
-        items = {"state": ocp.args.StandardRestore(abstract_like(like_state)),
-                 "meta": ocp.args.JsonRestore()}
+    def _restore(self, step: int, like_state: Any, data: Any, partial: bool) -> dict[str, Any]:
+        target = abstract_like(like_state)
+        # StandardRestore reads every saved leaf; PyTreeRestore reads the same files (a
+        # StandardSave is a PyTree save) and with partial_restore skips the leaves not in target.
+        state = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True) if partial else ocp.args.StandardRestore(target)
+        items = {"state": state, "meta": ocp.args.JsonRestore()}
         if data is not None and not (self.directory / str(step) / "data").is_dir():
             log.warning("checkpoint step %d has no data-stream position (saved before streams "
                         "were checkpointed); the stream starts from its beginning", step)
