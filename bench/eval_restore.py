@@ -1,6 +1,6 @@
 """Peak RSS of `orchestrax eval`'s `load_policy` on a training run directory: the params-only
-restore it does now vs the whole train state (params + AdamW moments + counters, then params
-kept) it did before, on the same run, each in a fresh process (peak RSS only grows).
+restore it does now (fp32, and cast to bf16 as read) vs the whole train state (params + AdamW
+moments + counters, then params kept) it did before, on the same run, each in a fresh process.
 
     python bench/eval_restore.py                       # hidden 512, 8 layers, vocab 32k
     python bench/eval_restore.py --hidden 1024 --rounds 3
@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.common import record  # noqa: E402
 
-MODES = ("whole", "params")
+MODES = ("whole", "params", "bf16")
 
 
 def _status_mib(field: str) -> float:
@@ -66,9 +66,10 @@ def _write_run(run: pathlib.Path, args) -> int:
     return models.num_params(cfg)
 
 
-def _whole_state_params(checkpoints: pathlib.Path):
+def _whole_state_params(checkpoints: pathlib.Path, param_dtype: str):
     """The previous eval restore, kept here as the peer: every leaf of the saved state is read
-    (shapes from Orbax's metadata), then only params are kept."""
+    (shapes from Orbax's metadata), then only params are kept. It had no cast."""
+    assert param_dtype == "float32", param_dtype
     import jax
     import orbax.checkpoint as ocp
     from orchestrax.train.checkpoint import Checkpointer
@@ -101,7 +102,8 @@ def _child(mode: str, run: str) -> None:
     base = _status_mib("VmRSS")
     _reset_peak()
     t0 = time.perf_counter()
-    policy = policy_mod.load_policy(run, max_len=64, max_batch=1)
+    policy = policy_mod.load_policy(run, max_len=64, max_batch=1,
+                                    param_dtype="bfloat16" if mode == "bf16" else "float32")
     seconds = time.perf_counter() - t0
     peak = _status_mib("VmHWM")
     checksum = float(sum(np.asarray(x, np.float64).sum()
@@ -114,7 +116,9 @@ def _child(mode: str, run: str) -> None:
 def _measure(mode: str, run: pathlib.Path) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--run", str(run)],
-                         capture_output=True, text=True, env=env, check=True)
+                         capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(f"{mode} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -136,20 +140,23 @@ def main() -> None:
         for _ in range(args.rounds):  # alternate, so load on the box hits both alike
             for m in MODES:
                 rows[m].append(_measure(m, run))
-    sums = {r["checksum"] for m in MODES for r in rows[m]}
+    sums = {r["checksum"] for m in ("whole", "params") for r in rows[m]}
     if len(sums) != 1 or {r["version"] for m in MODES for r in rows[m]} != {"1"}:
         raise SystemExit(f"the two restores disagree: checksums {sums}")
     med = {m: {k: statistics.median(r[k] for r in rows[m]) for k in ("base", "peak", "seconds")}
            for m in MODES}
     grow = {m: med[m]["peak"] - med[m]["base"] for m in MODES}
-    w, p = med["whole"], med["params"]
+    w, p, h = med["whole"], med["params"], med["bf16"]
     record(f"eval restore (CPU, Qwen3 hidden {args.hidden}, {args.layers} layers, vocab "
            f"{args.vocab}: {n / 1e6:.1f}M params, {4 * n / 2**20:.0f} MiB fp32; one AdamW "
            f"state saved): load_policy peak RSS whole-state {w['peak']:.0f} MiB vs params-only "
            f"{p['peak']:.0f} MiB = {p['peak'] / w['peak']:.2f}x; growth over the RSS "
            f"before the call {grow['whole']:.0f} vs {grow['params']:.0f} MiB = "
            f"{grow['params'] / grow['whole']:.2f}x; load time {w['seconds']:.2f} vs "
-           f"{p['seconds']:.2f} s; same params (checksum); medians of {args.rounds} alternating "
+           f"{p['seconds']:.2f} s; same params (checksum); params-only cast to bf16 on read: "
+           f"peak {h['peak']:.0f} MiB, growth {grow['bf16']:.0f} MiB = "
+           f"{grow['bf16'] / grow['whole']:.2f}x the whole-state's, {h['seconds']:.2f} s; RSS "
+           f"before the call {w['base']:.0f} MiB; medians of {args.rounds} alternating "
            f"rounds, fresh process each (python bench/eval_restore.py)")
 
 

@@ -8,6 +8,7 @@ import logging
 
 import chex
 import jax
+import jax.numpy as jnp
 import pytest
 import tensorstore as ts
 
@@ -134,6 +135,18 @@ def test_corrupt_params_still_fall_back(tmp_path, caplog):
     (line,) = _our_warnings(caplog)
     assert line.startswith("checkpoint step 3 is corrupt (") and "falling back" in line
     asyncio.run(policy.aclose())
+
+
+def test_param_dtype_casts_the_params_as_they_are_read(tmp_path):
+    run, cfg = _run_dir(tmp_path, (3,))
+    policy = load_policy(str(run), max_len=64, max_batch=2, param_dtype="bfloat16")
+    assert policy.sampler.cfg.param_dtype == "bfloat16"
+    chex.assert_trees_all_equal(policy.sampler.params, jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16), models.init_params(cfg, 3)))
+    asyncio.run(policy.aclose())
+    with pytest.raises(ValueError, match=r"param_dtype='float16'; allowed: \('float32', "
+                                         r"'bfloat16'\)"):
+        load_policy(str(run), param_dtype="float16")
 
 
 def test_a_run_dir_without_a_checkpoint_is_named(tmp_path):

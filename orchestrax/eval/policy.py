@@ -166,26 +166,28 @@ def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
     return load_tokenizer(spec or str(fallback))
 
 
-def _run_params(checkpoints: pathlib.Path) -> tuple[Any, int]:
+def _run_params(checkpoints: pathlib.Path, param_dtype: str) -> tuple[Any, int]:
     """(params, step) of a training run's newest whole checkpoint, restored by the trainer's own
     `Checkpointer`, read-only: a corrupt newest step is named in one log line (step and file)
     and the previous step restored, as when training resumes, but nothing in the run directory
     is moved (eval may read a run that is still training). Only the `params` subtree of the
-    saved train state is read: the AdamW moments (twice the params' bytes) stay on disk."""
+    saved train state is read (the AdamW moments, twice the params' bytes, stay on disk), cast
+    to `param_dtype` as it is read."""
     from orchestrax.train.checkpoint import Checkpointer
     ckpt = Checkpointer(checkpoints, every=0, read_only=True)
     try:
-        target = {"params": _saved_params_shapes(checkpoints)}
+        target = {"params": _saved_params_shapes(checkpoints, param_dtype)}
         restored, _ = ckpt.restore(target, partial=True)
         return restored["params"], ckpt.restored_step
     finally:
         ckpt.close()
 
 
-def _saved_params_shapes(checkpoints: pathlib.Path) -> Any:
-    """ShapeDtypeStructs (saved sharding) of the train state's `params`, from Orbax's metadata of
-    the newest step whose metadata reads: eval has no model tree to build them from, and every
-    step of a run saves the same tree (the restore then checks each step's files)."""
+def _saved_params_shapes(checkpoints: pathlib.Path, param_dtype: str) -> Any:
+    """ShapeDtypeStructs (saved sharding, `param_dtype`) of the train state's `params`, from
+    Orbax's metadata of the newest step whose metadata reads: eval has no model tree to build
+    them from, and every step of a run saves the same tree (the restore then checks each step's
+    files)."""
     import jax
     import orbax.checkpoint as ocp
     steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()),
@@ -198,7 +200,8 @@ def _saved_params_shapes(checkpoints: pathlib.Path) -> Any:
         try:
             tree = handler.metadata(checkpoints / str(step) / "state")["params"]
             return jax.tree.map(lambda m: jax.ShapeDtypeStruct(
-                m.shape, m.dtype, sharding=m.sharding and m.sharding.to_jax_sharding()), tree)
+                m.shape, param_dtype, sharding=m.sharding and m.sharding.to_jax_sharding()),
+                tree)
         except Exception as e:  # noqa: BLE001 -- an unreadable step; the restore names it
             errors.append(f"step {step}: {type(e).__name__}: {e}")
         finally:
@@ -207,17 +210,18 @@ def _saved_params_shapes(checkpoints: pathlib.Path) -> Any:
                             + "; ".join(errors))
 
 
-def _embedded(path: pathlib.Path, *, dtype: str, max_len: int, max_batch: int, seed: int):
+def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
+              max_batch: int, seed: int):
     """(sampler, default tokenizer dir) for an HF directory or a training run directory."""
     from orchestrax import models
     from orchestrax.rollout.embedded import EmbeddedSampler
     if (path / "checkpoints").is_dir() and (path / "model" / "config.json").is_file():
         cfg = models.config_from_hf(json.loads((path / "model" / "config.json").read_text()),
-                                    dtype=dtype)
-        params, step = _run_params(path.resolve() / "checkpoints")
+                                    dtype=dtype, param_dtype=param_dtype)
+        params, step = _run_params(path.resolve() / "checkpoints", param_dtype)
         tok_dir, version = path / "model", str(step)
     elif (path / "config.json").is_file():
-        cfg, params = models.load_hf(path, dtype=dtype)
+        cfg, params = models.load_hf(path, dtype=dtype, param_dtype=param_dtype)
         tok_dir, version = path, "hf"
     else:
         raise FileNotFoundError(f"policy {str(path)!r}: neither an HF directory (config.json) nor "
@@ -227,11 +231,19 @@ def _embedded(path: pathlib.Path, *, dtype: str, max_len: int, max_batch: int, s
     return sampler, tok_dir
 
 
+PARAM_DTYPES = ("float32", "bfloat16")   # what serve's --param-dtype offers
+
+
 def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = None,
-                api_key_env: str | None = None, dtype: str = "float32", max_len: int = 32_768,
-                max_batch: int = 64, seed: int = 0) -> Policy:
+                api_key_env: str | None = None, dtype: str = "float32",
+                param_dtype: str = "float32", max_len: int = 32_768, max_batch: int = 64,
+                seed: int = 0) -> Policy:
     """`spec`: `openai:URL` (needs `model`), `sglang:URL` (needs `tokenizer`), or a directory
-    (an HF checkpoint or a training run's out_dir) for the embedded sampler."""
+    (an HF checkpoint or a training run's out_dir) for the embedded sampler, which computes in
+    `dtype` and holds its params in `param_dtype` (a run's fp32 master weights are cast as they
+    are read: "bfloat16" halves the params' resident memory; Orbax still reads fp32 chunks)."""
+    if param_dtype not in PARAM_DTYPES:
+        raise ValueError(f"load_policy param_dtype={param_dtype!r}; allowed: {PARAM_DTYPES}")
     kind, sep, rest = spec.partition(":")
     if sep and kind == "openai":
         if not model:
@@ -248,7 +260,7 @@ def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = 
     if not path.is_dir():
         raise FileNotFoundError(f"--policy {spec}: not a directory, and not sglang:URL or "
                                 "openai:URL")
-    sampler, tok_dir = _embedded(path, dtype=dtype, max_len=max_len, max_batch=max_batch,
-                                 seed=seed)
+    sampler, tok_dir = _embedded(path, dtype=dtype, param_dtype=param_dtype, max_len=max_len,
+                                 max_batch=max_batch, seed=seed)
     return TokenPolicy(sampler, _tokenizer(tokenizer, tok_dir), name=path.name)
 
