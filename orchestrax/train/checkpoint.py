@@ -136,19 +136,39 @@ class Checkpointer:
 
     def _restore(self, step: int, like_state: Any, data: Any, partial: bool) -> dict[str, Any]:
         target = abstract_like(like_state)
-        # StandardRestore reads every saved leaf; PyTreeRestore reads the same files (a
-        # StandardSave is a PyTree save) and with partial_restore skips the leaves not in target.
-        state = ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-            partial_restore=True) if partial else ocp.args.StandardRestore(target)
-        items = {"state": state, "meta": ocp.args.JsonRestore()}
+        items = {"meta": ocp.args.JsonRestore()}
+        if not partial:
+            items["state"] = ocp.args.StandardRestore(target)
         if data is not None and not (self.directory / str(step) / "data").is_dir():
             log.warning("checkpoint step %d has no data-stream position (saved before streams "
                         "were checkpointed); the stream starts from its beginning", step)
         elif data is not None:
             import grain.checkpoint
             items["data"] = grain.checkpoint.CheckpointRestore(data)
-        return self._mngr.restore(step, args=ocp.args.Composite(**items))
+        out = self._mngr.restore(step, args=ocp.args.Composite(**items))
+        state = self._restore_subtree(step, target) if partial else out["state"]
+        return {"state": state, "meta": out["meta"]}
+
+    def _restore_subtree(self, step: int, target: Any) -> Any:
+        """The leaves of the saved state that `target` names, the others left unread.
+        StandardRestore reads every leaf; a StandardSave is a PyTree save, so PyTreeRestore with
+        partial_restore reads the same files. Its handler is a private one: the manager's
+        handler of "state" stays the StandardSave/StandardRestore kind training uses."""
+        args = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True)
+        handler = ocp.PyTreeCheckpointHandler()
+        try:
+            out = handler.restore(self.directory / str(step) / "state", args=args)
+        finally:
+            handler.close()
+        # Orbax hands back a target leaf the checkpoint lacks as it was given: name them instead.
+        missing = [jax.tree_util.keystr(k) for k, v in jax.tree_util.tree_leaves_with_path(out)
+                   if isinstance(v, jax.ShapeDtypeStruct)]
+        if missing:
+            raise ValueError(f"partial restore target names leaves checkpoint step {step} does "
+                             f"not hold: {missing}")
+        return out
 
     def _verify(self, step: int) -> None:
         """Raise CorruptCheckpoint naming the first file that is missing, of the wrong size, or
