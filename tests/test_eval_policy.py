@@ -5,6 +5,9 @@ through the `Sampler` interface."""
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 
 import chex
 import jax
@@ -172,3 +175,34 @@ def test_token_policy_closes_its_sampler_through_the_interface():
     plain = ScriptedSampler(tok, turns=["<answer>1</answer>"])
     assert type(plain).aclose is Sampler.aclose
     asyncio.run(TokenPolicy(plain, tok, name="p").aclose())   # the base's no-op
+
+
+def test_a_run_trained_over_8_devices_is_evaluated_on_one(tmp_path):
+    """The checkpoint holds params sharded over a mesh of 8 (fake CPU) devices; eval in a
+    process that has one device restores them there, equal to the saved values."""
+    from orchestrax import parallel
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    mesh = parallel.make_mesh(parallel.MeshConfig(axes=(("fsdp", 4), ("tensor", 2))))
+    state = _state(cfg, 5)
+    state = state._replace(params=models.shard_params(cfg, state.params, mesh))
+    assert len(jax.tree.leaves(state.params)[0].sharding.device_set) > 1
+    run = tmp_path / "run"
+    write_model_card(run / "model", cfg, tok)
+    ckpt = Checkpointer(run / "checkpoints", every=1)
+    ckpt.maybe_save(5, state, {"phase": "rl", "step": 5}, force=True)
+    ckpt.close()
+    code = ("import jax, numpy as np, sys\n"
+            "from orchestrax import models\n"
+            "from orchestrax.eval.policy import load_policy\n"
+            "assert jax.device_count() == 1\n"
+            "p = load_policy(sys.argv[1], max_len=64, max_batch=2)\n"
+            "want = models.init_params(models.tiny_config(vocab_size=int(sys.argv[2])), 5)\n"
+            "assert p.sampler.weight_version == '5'\n"
+            "jax.tree.map(np.testing.assert_array_equal, p.sampler.params, want)\n"
+            "print('ok')\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code, str(run), str(len(tok))], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -184,12 +184,14 @@ def _run_params(checkpoints: pathlib.Path, param_dtype: str) -> tuple[Any, int]:
 
 
 def _saved_params_shapes(checkpoints: pathlib.Path, param_dtype: str) -> Any:
-    """ShapeDtypeStructs (saved sharding, `param_dtype`) of the train state's `params`, from
-    Orbax's metadata of the newest step whose metadata reads: eval has no model tree to build
-    them from, and every step of a run saves the same tree (the restore then checks each step's
-    files)."""
+    """ShapeDtypeStructs (`param_dtype`, on this process's first device) of the train state's
+    `params`, from Orbax's metadata of the newest step whose metadata reads: eval has no model
+    tree to build them from, and every step of a run saves the same tree (the restore then checks
+    each step's files). Not the saved sharding: a run trained over a mesh of 8 devices is
+    evaluated where it is read, on one (the embedded sampler's device)."""
     import jax
     import orbax.checkpoint as ocp
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()),
                    reverse=True)
     if not steps:
@@ -199,9 +201,8 @@ def _saved_params_shapes(checkpoints: pathlib.Path, param_dtype: str) -> Any:
         handler = ocp.StandardCheckpointHandler()
         try:
             tree = handler.metadata(checkpoints / str(step) / "state")["params"]
-            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(
-                m.shape, param_dtype, sharding=m.sharding and m.sharding.to_jax_sharding()),
-                tree)
+            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, param_dtype,
+                                                               sharding=device), tree)
         except Exception as e:  # noqa: BLE001 -- an unreadable step; the restore names it
             errors.append(f"step {step}: {type(e).__name__}: {e}")
         finally:
