@@ -142,6 +142,10 @@ def test_cli_on_a_run_checkpoint_and_its_hf_export(tmp_path):
     keys = ("task_id", "outcome", "turns", "completion_tokens", "prompt_tokens", "calls")
     assert ([{k: r[k] for k in keys} for r in outs[0]["records"]["routing"]]
             == [{k: r[k] for k in keys} for r in outs[1]["records"]["routing"]])
+    # Params held in bf16 (cast as read): the same run evaluates end to end.
+    assert cli(["eval", "--policy", str(run), "--param-dtype", "bfloat16",
+                "--out", str(tmp_path / "out_bf16"), *COMMON]) == 0
+    _check_payload(tmp_path / "out_bf16")
 
 
 def test_cli_refuses_an_ambiguous_url():

@@ -16,7 +16,7 @@ import dataclasses
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.eval import grid, report
-from orchestrax.eval.policy import load_policy
+from orchestrax.eval.policy import PARAM_DTYPES, load_policy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.suite import EvalRun, run_eval, write_outputs
 from orchestrax.eval.tasksets import TaskSetOptions
@@ -77,13 +77,14 @@ def run(args: argparse.Namespace) -> int:
                    progress=not args.no_progress)
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=args.context_tokens,
-                         seed=args.seed)
+                         param_dtype=args.param_dtype, seed=args.seed)
     sub_pricing = None
     if args.subagent_price:
         from orchestrax.tools.sheets import load_sheet
         sub_pricing = load_sheet(args.sheet or "train_list").model_pricing(args.subagent_price)
     sub_policy = (load_policy(args.subagent_policy, tokenizer=args.tokenizer,
-                              max_len=args.context_tokens, seed=args.seed)
+                              max_len=args.context_tokens, param_dtype=args.param_dtype,
+                              seed=args.seed)
                   if args.subagent_policy else None)
 
     async def go():
@@ -139,6 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--context-tokens", type=int, default=32_768)
+    p.add_argument("--param-dtype", default="float32", choices=PARAM_DTYPES,
+                   help="the embedded sampler's params (a run's fp32 master weights are cast as "
+                        "they are read: bfloat16 halves their memory)")
     p.add_argument("--no-thinking", action="store_true")
     p.add_argument("--seconds-per-token", type=float,
                    help="charge this per generated token instead of measured generation time")
