@@ -80,6 +80,7 @@ class SGLangClientConfig:
 class _Server:
     url: str
     healthy: bool = True                # False: its connection failed; a health check decides
+    suspect: bool = False               # it answered a failure; a health check is under way
     outstanding: int = 0
     weight_version: str | None = None   # what it last reported (/model_info or an answer)
     model_path: str | None = None       # what its /model_info last reported (None: unknown)
@@ -140,9 +141,12 @@ class SGLangClient:
             s.weight_version not in (None, "", UNSYNCED_VERSION) for s in self.servers)
 
     def _pick(self, tried: set[str]) -> _Server:
-        # A server known down only when none is up (it may be back); a server behind only when
-        # no current one is up (its turns are then dropped as stale by the trainer).
-        up = [s for s in self.servers if s.healthy] or self.servers
+        # A server known down only when none is up (it may be back); one that just answered a
+        # failure only when no other is up (it fails fast, so least-outstanding would favour
+        # it); a server behind only when no current one is up (its turns are then dropped as
+        # stale by the trainer).
+        up = ([s for s in self.servers if s.healthy and not s.suspect]
+              or [s for s in self.servers if s.healthy] or self.servers)
         current = [s for s in up if not self.behind(s)] or up
         pool = [s for s in current if s.url not in tried] or current
         return min(pool, key=lambda s: s.outstanding)
@@ -199,8 +203,9 @@ class SGLangClient:
                 last = e
                 if isinstance(e, _UNREACHABLE):
                     server.healthy = False  # refused, reset or timed out: down until checked
-                else:
-                    self._recheck(server)   # it answered: it is up, but ask what it serves
+                else:  # it answered: up, but ask whether it is healthy and what it serves
+                    server.suspect = True
+                    self._recheck(server)
                 self.stats["retries"] += 1
                 log.warning("generate on %s failed (%s); retrying elsewhere", server.url, e)
                 await asyncio.sleep(self.config.retry_backoff_s * 2 ** attempt)
@@ -257,6 +262,7 @@ class SGLangClient:
                 await self._read_model_info(server)
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
             server.healthy = False
+        server.suspect = False
         if server.healthy and self._last_sync is not None and self.behind(server):
             await self._sync_one(server)
         return server.healthy and not self.behind(server)
