@@ -40,6 +40,13 @@ async def _serve(port: int, weight_root, *extra: str) -> asyncio.subprocess.Proc
     return proc
 
 
+async def _two_servers(weight_root) -> tuple[list[int], tuple[str, ...], list]:
+    """(ports, urls, processes) of two `orchestrax serve --tiny` on free loopback ports."""
+    ports = [free_port(), free_port()]
+    procs = list(await asyncio.gather(*(_serve(p, weight_root) for p in ports)))
+    return ports, tuple(f"http://127.0.0.1:{p}" for p in ports), procs
+
+
 def _weights(tmp_path, version: str) -> str:
     """An HF directory of the tiny served architecture with other weights than `--tiny`'s."""
     cfg = models.tiny_config(vocab_size=len(tiny_qwen3_tokenizer()))
@@ -77,9 +84,7 @@ def test_a_server_restarted_between_syncs_is_resynced_before_it_serves(tmp_path)
     path = _weights(tmp_path, "1")
 
     async def main():
-        ports = [free_port(), free_port()]
-        urls = tuple(f"http://127.0.0.1:{p}" for p in ports)
-        procs = list(await asyncio.gather(*(_serve(p, tmp_path) for p in ports)))
+        ports, urls, procs = await _two_servers(tmp_path)
         # Health checks far apart: the restart falls between two of them, so only the answers
         # themselves can show that server A came back on its start weights.
         cfg = SGLangClientConfig(urls=urls, health_interval_s=60.0, retry_backoff_s=0.01)
@@ -131,9 +136,7 @@ def test_a_restarted_server_reporting_the_published_version_is_told_apart_by_its
         temperature=1.0, max_new_tokens=4, sampling_seed=11))
 
     async def main():
-        ports = [free_port(), free_port()]
-        urls = tuple(f"http://127.0.0.1:{p}" for p in ports)
-        procs = list(await asyncio.gather(*(_serve(p, tmp_path) for p in ports)))
+        ports, urls, procs = await _two_servers(tmp_path)
         cfg = SGLangClientConfig(urls=urls, health_interval_s=0.2, retry_backoff_s=0.01)
         try:
             async with SGLangClient(cfg) as trainer:
