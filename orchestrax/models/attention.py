@@ -175,12 +175,9 @@ def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
         # masked softmax; the loop machinery of the recurrence below costs ~8% at T = 512 on CPU.
         pair = None if segments is None else (q_seg_nBT[0], k_seg_nBS[0])
         mask = _visible(0, 0, bq, bk, valid_nBS[0], q_offset, pair)
-        s = jnp.where(mask, _scores(q_nBTKGH[0], k_nBSKH[0]), _NEG)
-        m_BKGT = jnp.max(s, axis=-1)
-        p = jnp.where(mask, jnp.exp(s - m_BKGT[..., None]), 0.0)
-        acc_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(v_nBSKH.dtype), v_nBSKH[0],
-                               preferred_element_type=jnp.float32)
-        out, lse = _normalise(m_BKGT, jnp.sum(p, axis=-1), acc_BKGTH, q_nBTKGH.dtype)
+        carry = _online_softmax(_empty(b, kh, g, bq, h), q_nBTKGH[0], k_nBSKH[0], v_nBSKH[0],
+                                mask)
+        out, lse = _normalise(*carry, q_nBTKGH.dtype)
         return out[None], residuals + (out[None], lse[None])
 
     def one_query_block(xs):
@@ -190,27 +187,37 @@ def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
             j, k_BSKH, v_BSKH, valid_BS, k_seg_BS = ys
 
             def update(carry):
-                m_BKGT, l_BKGT, acc_BKGTH = carry
                 mask = _visible(i, j, bq, bk, valid_BS, q_offset, _pair(q_seg_BT, k_seg_BS))
-                s = jnp.where(mask, _scores(q_BTKGH, k_BSKH), _NEG)
-                m_new = jnp.maximum(m_BKGT, jnp.max(s, axis=-1))
-                p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-                corr = jnp.exp(m_BKGT - m_new)
-                pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(v_BSKH.dtype), v_BSKH,
-                                preferred_element_type=jnp.float32)
-                return m_new, l_BKGT * corr + jnp.sum(p, axis=-1), acc_BKGTH * corr[..., None] + pv
+                return _online_softmax(carry, q_BTKGH, k_BSKH, v_BSKH, mask)
 
             needed = _needed(i, j, bq, bk, q_offset)
             return jax.lax.cond(needed, update, lambda c: c, carry), None
 
-        init = (jnp.full((b, kh, g, bq), _NEG, jnp.float32), jnp.zeros((b, kh, g, bq), jnp.float32),
-                jnp.zeros((b, kh, g, bq, h), jnp.float32))
-        (m, l, acc), _ = jax.lax.scan(step, init, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
-                                                   v_nBSKH, valid_nBS, k_seg_nBS))
-        return _normalise(m, l, acc, q_BTKGH.dtype)
+        carry, _ = jax.lax.scan(step, _empty(b, kh, g, bq, h),
+                                (jnp.arange(k_nBSKH.shape[0]), k_nBSKH, v_nBSKH, valid_nBS,
+                                 k_seg_nBS))
+        return _normalise(*carry, q_BTKGH.dtype)
 
     out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), q_nBTKGH, q_seg_nBT))
     return out, residuals + (out, lse)
+
+
+def _empty(b, kh, g, bq, h):
+    """The online softmax's (running max, denominator, weighted sum) before any key."""
+    return (jnp.full((b, kh, g, bq), _NEG, jnp.float32), jnp.zeros((b, kh, g, bq), jnp.float32),
+            jnp.zeros((b, kh, g, bq, h), jnp.float32))
+
+
+def _online_softmax(carry, q_BTKGH, k_BSKH, v_BSKH, mask):
+    """Fold one key block into (running max, denominator, weighted sum): the flash recurrence."""
+    m_BKGT, l_BKGT, acc_BKGTH = carry
+    s = jnp.where(mask, _scores(q_BTKGH, k_BSKH), _NEG)
+    m_new = jnp.maximum(m_BKGT, jnp.max(s, axis=-1))
+    p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+    corr = jnp.exp(m_BKGT - m_new)
+    pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(v_BSKH.dtype), v_BSKH,
+                    preferred_element_type=jnp.float32)
+    return m_new, l_BKGT * corr + jnp.sum(p, axis=-1), acc_BKGTH * corr[..., None] + pv
 
 
 def _normalise(m_BKGT, l_BKGT, acc_BKGTH, dtype):
