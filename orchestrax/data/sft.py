@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import sys
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import grain
@@ -71,24 +72,39 @@ class JsonlSource:
 
 class EpochShuffle(grain.MapDataset):
     """parent[perm_e[i % n]] with one numpy permutation per epoch e = i // n (grain's own
-    shuffle draws every index through a Feistel network, ~85 ms apiece on this box)."""
+    shuffle draws every index through a Feistel network, ~85 ms apiece on this box).
+    grain reads with many threads at once: the permutation is looked up per call from a
+    lock-guarded cache, never from a field another thread may swap mid-read."""
 
     def __init__(self, parent: grain.MapDataset, seed: int):
         super().__init__(parent)
         self._n, self._seed = len(parent), seed
-        self._epoch, self._perm = -1, np.arange(self._n)
+        self._lock = threading.Lock()
+        self._perms: dict[int, np.ndarray] = {}  # the last two epochs (threads straddle one)
 
     def __len__(self) -> int:
         return sys.maxsize
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            perm = self._perms.get(epoch)
+            if perm is None:
+                perm = np.random.default_rng([self._seed, epoch]).permutation(self._n)
+                self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+                self._perms[epoch] = perm
+            return perm
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
         epoch, k = divmod(index, self._n)
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._perm = np.random.default_rng([self._seed, epoch]).permutation(self._n)
-        return self._parents[0][int(self._perm[k])]
+        return self._parents[0][int(self._perm(epoch)[k])]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_lock": None, "_perms": {}}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
 
 
 class Tokenise:
