@@ -18,11 +18,13 @@ import json
 import os
 import pathlib
 import sys
-import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import grain
 import numpy as np
+
+from orchestrax.data.shuffle import EpochPermutations
+
 
 class JsonlSource:
     """Random access to the lines of JSONL files (grain `RandomAccessDataSource`)."""
@@ -71,40 +73,21 @@ class JsonlSource:
 
 
 class EpochShuffle(grain.MapDataset):
-    """parent[perm_e[i % n]] with one numpy permutation per epoch e = i // n (grain's own
-    shuffle draws every index through a Feistel network, ~85 ms apiece on this box).
-    grain reads with many threads at once: the permutation is looked up per call from a
-    lock-guarded cache, never from a field another thread may swap mid-read."""
+    """parent[perm_e[i % n]] with one permutation of range(n) per epoch e = i // n."""
 
     def __init__(self, parent: grain.MapDataset, seed: int):
         super().__init__(parent)
-        self._n, self._seed = len(parent), seed
-        self._lock = threading.Lock()
-        self._perms: dict[int, np.ndarray] = {}  # the last two epochs (threads straddle one)
+        self._n = len(parent)
+        self._perms = EpochPermutations(np.arange(self._n), seed)
 
     def __len__(self) -> int:
         return sys.maxsize
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        with self._lock:
-            perm = self._perms.get(epoch)
-            if perm is None:
-                perm = np.random.default_rng([self._seed, epoch]).permutation(self._n)
-                self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-                self._perms[epoch] = perm
-            return perm
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
         epoch, k = divmod(index, self._n)
-        return self._parents[0][int(self._perm(epoch)[k])]
-
-    def __getstate__(self):
-        return {**self.__dict__, "_lock": None, "_perms": {}}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _lock=threading.Lock())
+        return self._parents[0][int(self._perms(epoch)[k])]
 
 
 class Tokenise:

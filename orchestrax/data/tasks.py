@@ -15,6 +15,8 @@ import sys
 import grain
 import numpy as np
 
+from orchestrax.data.shuffle import EpochPermutations
+
 
 class EpochSteps(grain.MapDataset):
     """Step i -> int64 [per_step] elements of `shard`: epoch i // steps_per_epoch of a
@@ -25,8 +27,7 @@ class EpochSteps(grain.MapDataset):
         self._shard = np.asarray([shard[i] for i in range(len(shard))], np.int64)
         self._per_step = per_step
         self._steps_per_epoch = len(self._shard) // per_step
-        self._seed = seed
-        self._epoch, self._order = -1, self._shard
+        self._orders = EpochPermutations(self._shard, seed)  # thread-safe: grain reads ahead
 
     def __len__(self) -> int:
         return sys.maxsize
@@ -38,11 +39,8 @@ class EpochSteps(grain.MapDataset):
         if isinstance(index, slice):
             return self.slice(index)
         epoch, k = divmod(index, self._steps_per_epoch)
-        if epoch != self._epoch:  # one permutation per epoch, a pure function of (seed, epoch)
-            # (grain's own shuffle draws each index through a Feistel network: ~85 ms apiece)
-            rng = np.random.default_rng([self._seed, epoch])
-            self._epoch, self._order = epoch, rng.permutation(self._shard)
-        return self._order[k * self._per_step:(k + 1) * self._per_step].copy()
+        order = self._orders(epoch)  # one permutation per epoch, a pure function of (seed, epoch)
+        return order[k * self._per_step:(k + 1) * self._per_step].copy()
 
 
 def task_stream(num_tasks: int, tasks_per_step: int, *, seed: int, process_index: int = 0,
