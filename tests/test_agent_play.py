@@ -158,3 +158,10 @@ def test_an_empty_final_answer_is_no_answer(last_turn):
     assert traj.end_reason == "answer" and traj.final_answer is None
     _, outcome = play(Adder(), [last_turn])
     assert outcome == 0.0
+
+
+def test_worker_counter_deltas_sum_key_wise_and_keep_zeros():
+    deltas = [{"requests": 3, "retries": 1, "failures": 0}, {"requests": 2, "stale_answers": 1}, {}]
+    assert episodes.sum_counters(deltas) == {"requests": 5, "retries": 1, "failures": 0,
+                                             "stale_answers": 1}
+    assert episodes.sum_counters([]) == {}

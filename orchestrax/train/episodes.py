@@ -11,6 +11,7 @@ sampler served on a loopback port (`orchestrax.rollout.server`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from typing import Any, Iterable
@@ -59,11 +60,10 @@ async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolE
 def sum_counters(deltas: Iterable[dict[str, int]]) -> dict[str, int]:
     """Key-wise sum of client counter deltas (`SGLangClient.take_counters`), e.g. the ones each
     worker episode brings back."""
-    total: dict[str, int] = {}
+    total = collections.Counter()
     for delta in deltas:
-        for key, value in delta.items():
-            total[key] = total.get(key, 0) + value
-    return total
+        total.update(delta)  # update, not +: keeps the zero counts
+    return dict(total)
 
 
 def drop_stale(trajectories: Iterable[Trajectory], version: str) -> dict[str, float]:
