@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from orchestrax.agent.checks import at_least
 from orchestrax.agent.subagent import ROLES, THINKING
 
 MODES = ("direct", "subagent")
@@ -40,10 +41,8 @@ class AgentConfig:
         bad = sorted(set(self.exclude) - set(ROLES))
         if bad:
             raise ValueError(f"AgentConfig.exclude={bad}; allowed: {sorted(ROLES)}")
-        for name in ("orchestrator_turns", "orchestrator_new_tokens", "subagent_steps",
-                     "subagent_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"AgentConfig.{name}={getattr(self, name)}; must be >= 1")
+        at_least(self, 1, "orchestrator_turns", "orchestrator_new_tokens", "subagent_steps",
+                 "subagent_new_tokens")
         if self.train_turn_tokens is not None and self.train_turn_tokens < 2:
             raise ValueError(f"AgentConfig.train_turn_tokens={self.train_turn_tokens}; must be "
                              ">= 2 or None")

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from orchestrax.agent.checks import at_least
 from orchestrax.models import ModelConfig
 from orchestrax.models.configs import REMAT_POLICIES
 from orchestrax.parallel import MeshConfig
@@ -59,10 +60,8 @@ class RolloutConfig:
         if self.backend == "sglang" and not self.server_urls:
             raise ValueError("RolloutConfig.server_urls is empty; backend='sglang' needs at least "
                              "one SGLang server (or one sglang-router) URL")
-        for name in ("group_size", "tasks_per_step", "max_new_tokens", "max_turns",
-                     "context_tokens", "max_in_flight", "sampler_max_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name}={getattr(self, name)}; must be >= 1")
+        at_least(self, 1, "group_size", "tasks_per_step", "max_new_tokens", "max_turns",
+                 "context_tokens", "max_in_flight", "sampler_max_batch")
         if self.workers < 0:
             raise ValueError(f"RolloutConfig.workers={self.workers}; must be >= 0 (0 runs "
                              "episodes in the trainer process)")
@@ -133,14 +132,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: grpo.temperature={self.grpo.temperature} differs from "
                              f"rollout.temperature={self.rollout.temperature}; the trainer must "
                              "score tokens at the temperature the sampler drew them at")
-        for name in ("sft_steps", "steps", "checkpoint_every", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)}; must be >= 0")
-        if self.sft_workers < 0:
-            raise ValueError(f"TrainConfig.sft_workers={self.sft_workers}; must be >= 0")
-        for name in ("sft_batch", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)}; must be >= 1")
+        at_least(self, 0, "sft_steps", "steps", "checkpoint_every", "eval_every", "sft_workers")
+        at_least(self, 1, "sft_batch", "eval_samples")
         if self.eval_temperature < 0:
             raise ValueError(f"TrainConfig.eval_temperature={self.eval_temperature}; must be >= 0 "
                              "(0 is greedy)")
