@@ -1,16 +1,19 @@
 """The grain streams' per-epoch shuffles read the same from many threads as from one (grain
 reads ahead with a thread pool; a shared "current permutation" field swapped mid-read gave an
-SFT record twice in one epoch on CI), and after pickling (grain worker processes)."""
+SFT record twice in one epoch on CI), and after pickling (grain worker processes); the JSONL
+source keeps one descriptor per file when threads open it at once."""
 
 import concurrent.futures
+import os
 import pickle
 import sys
+import time
 
 import grain
 import numpy as np
 import pytest
 
-from orchestrax.data.sft import EpochShuffle
+from orchestrax.data.sft import EpochShuffle, JsonlSource
 from orchestrax.data.tasks import task_stream
 
 N = 5  # items per epoch: many epoch boundaries in a short read
@@ -46,3 +49,31 @@ def test_epoch_permutations_hold_under_threads_and_pickling(make):
     assert got == want
     copy = pickle.loads(pickle.dumps(ds))
     assert [_item(copy[i]) for i in range(3 * N)] == want[:3 * N]
+
+
+def test_jsonl_source_opens_each_file_once_under_threads(tmp_path, monkeypatch):
+    paths = [tmp_path / f"{name}.jsonl" for name in "ab"]
+    for k, path in enumerate(paths):
+        path.write_text("".join(f'{{"id": {10 * k + i}}}\n' for i in range(10)))
+    src = JsonlSource(paths)
+    real_open = os.open
+
+    def counting_open(*args, **kwargs):
+        time.sleep(0.01)  # widen the window between the lookup and the store
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        ids = [r["record"]["id"] for r in pool.map(src.__getitem__, list(range(20)) * 5)]
+    monkeypatch.undo()
+    assert ids == list(range(20)) * 5
+    assert len(src._fds) == 2  # one kept per file; the extra opens were closed
+    leaked = [fd for fd in range(3, 4096) if _is_file(fd, paths)]
+    assert sorted(leaked) == sorted(src._fds.values())
+
+
+def _is_file(fd, paths) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") in {str(p) for p in paths}
+    except OSError:
+        return False

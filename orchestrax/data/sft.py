@@ -57,10 +57,15 @@ class JsonlSource:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         f = int(self._files[index])
-        if f not in self._fds:
-            self._fds[f] = os.open(self.paths[f], os.O_RDONLY)
+        fd = self._fds.get(f)
+        if fd is None:  # two reader threads may both open it: one descriptor is kept
+            fd = os.open(self.paths[f], os.O_RDONLY)
+            kept = self._fds.setdefault(f, fd)
+            if kept != fd:
+                os.close(fd)
+                fd = kept
         # pread: no shared file position, so grain's reader threads can share the descriptor.
-        line = os.pread(self._fds[f], int(self._sizes[index]), int(self._offsets[index]))
+        line = os.pread(fd, int(self._sizes[index]), int(self._offsets[index]))
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
