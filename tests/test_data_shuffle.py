@@ -58,22 +58,23 @@ def test_jsonl_source_opens_each_file_once_under_threads(tmp_path, monkeypatch):
     src = JsonlSource(paths)
     real_open = os.open
 
-    def counting_open(*args, **kwargs):
+    def slow_open(*args, **kwargs):
         time.sleep(0.01)  # widen the window between the lookup and the store
         return real_open(*args, **kwargs)
 
-    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "open", slow_open)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         ids = [r["record"]["id"] for r in pool.map(src.__getitem__, list(range(20)) * 5)]
     monkeypatch.undo()
     assert ids == list(range(20)) * 5
     assert len(src._fds) == 2  # one kept per file; the extra opens were closed
-    leaked = [fd for fd in range(3, 4096) if _is_file(fd, paths)]
+    names = {str(p) for p in paths}
+    leaked = [int(fd) for fd in os.listdir("/proc/self/fd") if _target(fd) in names]
     assert sorted(leaked) == sorted(src._fds.values())
 
 
-def _is_file(fd, paths) -> bool:
+def _target(fd: str) -> str | None:
     try:
-        return os.readlink(f"/proc/self/fd/{fd}") in {str(p) for p in paths}
-    except OSError:
-        return False
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the listing's own descriptor is gone by now
+        return None
