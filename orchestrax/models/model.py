@@ -167,15 +167,37 @@ def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
 
 
+@jax.custom_vjp
+def _head(h_BTD: jax.Array, w_DV: jax.Array) -> jax.Array:
+    """float32 logits h·w with w cast to h's (compute) dtype."""
+    return jnp.einsum("BTD,DV->BTV", h_BTD, w_DV.astype(h_BTD.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def _head_fwd(h_BTD, w_DV):
+    return _head(h_BTD, w_DV), (h_BTD, w_DV)
+
+
+def _head_bwd(res, g_BTV):
+    # Autodiff would multiply the float32 logits cotangent by the weights in float32: at a
+    # 151,936-token vocabulary the two largest matmuls of the step. Both run in the compute
+    # dtype with float32 accumulation instead; dw reaches fp32 masters without a bf16 rounding.
+    h_BTD, w_DV = res
+    g = g_BTV.astype(h_BTD.dtype)
+    dh = jnp.einsum("BTV,DV->BTD", g, w_DV.astype(h_BTD.dtype), preferred_element_type=jnp.float32)
+    dw = jnp.einsum("BTD,BTV->DV", h_BTD, g, preferred_element_type=jnp.float32)
+    return dh.astype(h_BTD.dtype), dw.astype(w_DV.dtype)
+
+
+_head.defvjp(_head_fwd, _head_bwd)
+
+
 def lm_logits(cfg: ModelConfig, params: Params, h_BTD: jax.Array) -> jax.Array:
-    """float32 logits [B, T, V] from hidden states."""
+    """float32 logits [B, T, V] from hidden states; forward and backward matmuls in the compute
+    dtype with float32 accumulation."""
     with jax.named_scope("lm_head"):
-        if cfg.tie_embeddings:
-            w_DV = params["embed"].astype(h_BTD.dtype).T
-        else:
-            w_DV = params["lm_head"].astype(h_BTD.dtype)
-        logits = jnp.einsum("BTD,DV->BTV", h_BTD, w_DV, preferred_element_type=jnp.float32)
-        return constrain(logits, ("batch", "seq", "act_vocab"))
+        w_DV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+        return constrain(_head(h_BTD, w_DV), ("batch", "seq", "act_vocab"))
 
 
 def forward(cfg: ModelConfig, params: Params, input_ids: jax.Array,
