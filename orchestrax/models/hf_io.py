@@ -271,15 +271,102 @@ def save_hf(cfg: ModelConfig, params: Any, out_dir: str | os.PathLike, *,
         weight_map = {name: _shard_name(i, n) for i, names in enumerate(parts, 1) for name in names}
         (out / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    if tokenizer_dir is not None:
-        for fname in TOKENIZER_FILES:
-            src = pathlib.Path(tokenizer_dir) / fname
-            if src.exists():
-                shutil.copy2(src, out / fname)
+    tok_dir = None if tokenizer_dir is None else pathlib.Path(tokenizer_dir)
+    specials = special_token_ids(tok_dir) if tok_dir is not None else {}
+    hf = config_to_hf(cfg, dtype)
+    if hf["eos_token_id"] is None:
+        hf["eos_token_id"] = specials.get("eos")
+    if hf["bos_token_id"] is None:
+        hf["bos_token_id"] = specials.get("bos")
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    own = tok_dir / "generation_config.json" if tok_dir is not None else None
+    if own is not None and own.is_file():
+        (out / "generation_config.json").write_text(own.read_text())
+    else:
+        (out / "generation_config.json").write_text(
+            json.dumps(generation_config(cfg.arch, hf, specials), indent=2))
+    if tok_dir is not None:
+        copy_tokenizer(tok_dir, out)
+    for f in out.iterdir():  # safetensors writes 0600; a server under another user must read it
+        if f.is_file():
+            f.chmod(_FILE_MODE)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _token_id(added: dict[str, int], token: Any) -> int | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return added.get(token) if isinstance(token, str) else None
+
+
+def special_token_ids(tokenizer_dir: pathlib.Path) -> dict[str, int]:
+    """eos / bos / pad / endoftext ids named by a saved tokenizer, read from its
+    tokenizer.json and tokenizer_config.json (no transformers import). Missing ones are left out."""
+    tj, tc = tokenizer_dir / "tokenizer.json", tokenizer_dir / "tokenizer_config.json"
+    if not tj.is_file():
+        return {}
+    added = {t["content"]: t["id"] for t in json.loads(tj.read_text()).get("added_tokens", [])}
+    conf = json.loads(tc.read_text()) if tc.is_file() else {}
+    ids = {"eos": _token_id(added, conf.get("eos_token")),
+           "pad": _token_id(added, conf.get("pad_token")),
+           "bos": _token_id(added, conf.get("bos_token")),
+           "endoftext": added.get("<|endoftext|>")}
+    if ids["bos"] is None:  # Qwen3 names no bos token but its config.json says <|endoftext|>
+        ids["bos"] = ids["endoftext"]
+    return {k: v for k, v in ids.items() if v is not None}
+
+
+def generation_config(arch: str, hf: dict[str, Any], specials: dict[str, int]) -> dict[str, Any]:
+    """generation_config.json for a model whose source had none: Qwen3's own layout (stop at
+    the chat turn's end and at <|endoftext|>, its recommended thinking-mode sampling)."""
+    eos = [i for i in (hf["eos_token_id"], specials.get("endoftext")) if i is not None]
+    gen: dict[str, Any] = {"bos_token_id": hf["bos_token_id"],
+                           "eos_token_id": list(dict.fromkeys(eos)) or None,
+                           "pad_token_id": specials.get("pad", specials.get("endoftext"))}
+    if arch == "qwen3":
+        gen |= {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    return gen
+
+
+# transformers 5 names the generic fast tokenizer TokenizersBackend and writes extra special
+# tokens as a list; transformers 4.x (which the project supports) knows neither.
+_PORTABLE_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def portable_tokenizer_config(conf: dict[str, Any]) -> dict[str, Any]:
+    """tokenizer_config.json that transformers 4.51 and 5.x both load."""
+    conf = dict(conf)
+    cls = conf.get("tokenizer_class")
+    conf["tokenizer_class"] = _PORTABLE_CLASS.get(cls, cls)
+    conf.pop("backend", None)
+    extra = conf.get("extra_special_tokens")
+    if isinstance(extra, list):
+        conf.pop("extra_special_tokens")
+        if extra:
+            conf["additional_special_tokens"] = extra
+    return conf
+
+
+def copy_tokenizer(src: pathlib.Path, out: pathlib.Path) -> None:
+    """The tokenizer files of `src` into `out`, tokenizer_config.json made portable."""
+    for fname in TOKENIZER_FILES:
+        f = src / fname
+        if not f.exists():
+            continue
+        if fname == "tokenizer_config.json":
+            conf = portable_tokenizer_config(json.loads(f.read_text()))
+            (out / fname).write_text(json.dumps(conf, indent=2))
+        else:
+            shutil.copyfile(f, out / fname)
 
 
 def _shard_name(i: int, n: int) -> str:

@@ -64,7 +64,7 @@ class Trainer:
         self.codec = Codec(self.tokenizer)
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
         config.check_master_weights(cfg, params)
-        setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer)
+        setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer, cfg.hf_path)
         self.update = rl.make_train_step(self.model_cfg, cfg.grpo, cfg.optim, self.mesh)
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)

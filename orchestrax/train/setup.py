@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import pathlib
+import shutil
 from typing import Any, Sequence
 
 import jax
@@ -14,6 +15,7 @@ import numpy as np
 from orchestrax import models
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.models.hf_io import portable_tokenizer_config
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.train.config import TrainConfig
@@ -49,13 +51,20 @@ def load_params(cfg: TrainConfig, mesh) -> tuple[models.ModelConfig, Any]:
     return cfg.model, init(cfg.model, cfg.seed)
 
 
-def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tokenizer) -> None:
+def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tokenizer,
+                     source: str | None = None) -> None:
     """config.json and the tokenizer next to the checkpoints, so a run exports on its own
-    (scripts/export_hf.py) and SGLang weight-sync directories get a tokenizer."""
+    (scripts/export_hf.py) and SGLang weight-sync directories get a tokenizer; the source
+    model's generation_config.json too, so exports keep its stop tokens and sampling."""
     directory.mkdir(parents=True, exist_ok=True)
     hf = models.config_to_hf(model_cfg, model_cfg.param_dtype)
     (directory / "config.json").write_text(json.dumps(hf, indent=2))
     tokenizer.save_pretrained(directory)
+    conf = directory / "tokenizer_config.json"
+    conf.write_text(json.dumps(portable_tokenizer_config(json.loads(conf.read_text())), indent=2))
+    gen = pathlib.Path(source or "") / "generation_config.json"
+    if source is not None and gen.is_file():
+        shutil.copyfile(gen, directory / "generation_config.json")
 
 
 def make_env(cfg: TrainConfig) -> Environment:
