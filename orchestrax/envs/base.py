@@ -44,6 +44,10 @@ class Environment(abc.ABC):
         domains let the user speak first and return the task with that message appended."""
         return task
 
+    async def release(self, tools: Sequence[Tool]) -> None:
+        """Free what one episode's `tools(task)` hold (a domain worker process); called once
+        the episode is over, verdict included."""
+
     def demonstration(self, task: Task, rng: np.random.Generator) -> list[str] | None:
         """Scripted assistant turns that solve `task`, for the SFT warm start (played through the
         real episode loop); None: this environment has no demonstrations."""

@@ -42,7 +42,11 @@ async def evaluate(task_set: TaskSet, policy: Policy, cfg: EvalConfig, *, runner
     async def one(task: Task) -> EpisodeRecord:
         nonlocal done, solved, dollars
         async with gate:
-            record = await play(task, task_set.env, policy, task_set.env.tools(task), cfg)
+            tools = task_set.env.tools(task)
+            try:
+                record = await play(task, task_set.env, policy, tools, cfg)
+            finally:
+                await asyncio.shield(task_set.env.release(tools))
         record.task_set = task_set.name
         done, solved, dollars = done + 1, solved + record.outcome, dollars + record.cost_usd
         bar.update(1)

@@ -64,6 +64,8 @@ def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet
         env = tau2.Tau2Env(data_dir() / "tau2" / domain, user_endpoint=opts.tau2_user,
                            completeness=False)
         split, label = "test", name
+    elif name.startswith("toolscale:"):
+        env, split, label = _toolscale(name, opts), "test", name.split(":")[1]
     elif name in QA_FILES or name.endswith(".jsonl"):
         from orchestrax.envs.qa import QAEnv
         path = data_dir() / "qa" / QA_FILES[name] if name in QA_FILES else pathlib.Path(name)
@@ -75,6 +77,7 @@ def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet
     else:
         raise ValueError(f"unknown task set {name!r}; allowed: routing, "
                          f"{', '.join('tau2:' + d for d in TAU2_DOMAINS)}, "
+                         "toolscale:<domain or folder>:<tasks.json>, "
                          f"{', '.join(QA_FILES)}, or a path to a .jsonl file")
     tasks = env.tasks(opts.split or split)
     if opts.limit is not None:
@@ -85,3 +88,18 @@ def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet
         tasks = [prepare_instance(t, env, split="eval", seed=instance_seed(opts.seed, t.task_id),
                                   config=InstanceConfig()) for t in tasks]
     return TaskSet(name=label, env=env, tasks=list(tasks))
+
+
+def _toolscale(name: str, opts: TaskSetOptions):
+    """`toolscale:<domain>:<tasks file>`: a released ToolScale domain by name (under
+    data_dir()/toolscale) or any tau2-format domain folder, with a tau2 tasks file."""
+    parts = name.split(":", 2)
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise ValueError(f"task set {name!r}: write toolscale:<domain or folder>:<tasks.json>")
+    folder = pathlib.Path(parts[1])
+    if not folder.is_dir():
+        folder = data_dir() / "toolscale" / parts[1]
+    if not folder.is_dir():
+        raise FileNotFoundError(f"task set {name!r}: no domain folder {parts[1]} (nor {folder})")
+    from orchestrax.envs.toolscale import ToolScaleEnv
+    return ToolScaleEnv(folder, tasks=parts[2], user_endpoint=opts.tau2_user, tools=opts.tools)

@@ -198,11 +198,12 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | No
 
 
 def build_argv(config: SandboxConfig, info_fd: int | None = None,
-               seccomp_fd: int | None = None) -> list[str]:
-    """The command line after the run's lease prefix; the code itself goes to the interpreter's
-    stdin. bwrap writes {"child-pid": host pid of the namespace's init} to `info_fd` and reads the
-    compiled seccomp filter from `seccomp_fd`."""
-    py = [config.python, "-I", "-"]
+               seccomp_fd: int | None = None, args: tuple[str, ...] = ("-",)) -> list[str]:
+    """The command line after the run's lease prefix; by default the code itself goes to the
+    interpreter's stdin (`args`: the interpreter's arguments after -I). bwrap writes
+    {"child-pid": host pid of the namespace's init} to `info_fd` and reads the compiled seccomp
+    filter from `seccomp_fd`."""
+    py = [config.python, "-I", *args]
     if config.mode == "none":
         return _prlimit_argv(config) + py
     return _prlimit_argv(config) + _bwrap_argv(config, info_fd, seccomp_fd) + py

@@ -26,7 +26,7 @@ from orchestrax.train.validate import check_fields
 BACKENDS = ("embedded", "sglang")
 DTYPES = ("float32", "bfloat16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-ENVS = ("routing", "tau2", "qa")
+ENVS = ("routing", "tau2", "qa", "toolscale")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,9 +161,9 @@ class TrainConfig:
         if self.agent.mode == "subagent" and self.rollout.workers:  # --- sub-agent mode
             raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode='subagent'; "
                              "sub-agent rollouts run on the trainer's event loop (workers=0)")
-        if self.env == "tau2" and "domain" not in dict(self.env_kwargs):
-            raise ValueError(f"TrainConfig.env_kwargs={self.env_kwargs!r}; env='tau2' needs "
-                             "('domain', '<path to a tau2 domain folder>')")
+        if self.env in ("tau2", "toolscale") and "domain" not in dict(self.env_kwargs):
+            raise ValueError(f"TrainConfig.env_kwargs={self.env_kwargs!r}; env={self.env!r} "
+                             "needs ('domain', '<path to a tau2 domain folder>')")
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

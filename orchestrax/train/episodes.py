@@ -40,11 +40,12 @@ async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolE
     an environment hook, the episode or the verifier failing makes a failed trajectory
     (`end_reason="error"`, no answer, outcome 0.0) that the step's filters drop, so one bad
     episode never aborts a training step."""
-    task, trajectory = job.task, None
+    task, trajectory, tools = job.task, None, []
     try:
         user = env.user_for(task)
         start = task if user is None else await env.open(task, user)  # the user speaks first
-        trajectory = await run_episode(sampler, codec, start, env.tools(start),
+        tools = env.tools(start)
+        trajectory = await run_episode(sampler, codec, start, tools,
                                        config=job.episode, executor=executor, user=user)
         return trajectory, float(await env.verify(task, trajectory))
     except asyncio.CancelledError:
@@ -55,6 +56,8 @@ async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolE
         failed.final_answer, failed.end_reason = None, "error"
         failed.error = f"{type(e).__name__}: {e}"
         return failed, 0.0
+    finally:
+        await asyncio.shield(env.release(tools))
 
 
 def sum_counters(deltas: Iterable[dict[str, int]]) -> dict[str, int]:

@@ -80,6 +80,9 @@ def make_env(cfg: TrainConfig) -> Environment:
         endpoint = ChatEndpoint(base_url=user, model=kwargs.pop("user_model", "default"),
                                 api_key_env=kwargs.pop("user_api_key_env", None)) if user else None
         return tau2.Tau2Env(domain, user_endpoint=endpoint, tools=make_catalog(cfg), **kwargs)
+    if cfg.env == "toolscale":  # a tau2-format domain whose code runs in domain workers
+        from orchestrax.envs.toolscale import ToolScaleEnv
+        return ToolScaleEnv(kwargs.pop("domain"), tools=make_catalog(cfg), **kwargs)
     from orchestrax.envs import qa
     return qa.QAEnv(tools=make_catalog(cfg), **kwargs)
 

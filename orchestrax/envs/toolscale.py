@@ -1,0 +1,164 @@
+"""Any tau2-format domain folder (the ten released ToolScale domains, or one the synth pipeline
+wrote) as a task source: its code runs in sandboxed domain workers (`tools.domain_worker`),
+never in this process.
+
+    env = ToolScaleEnv("../shared/data/toolscale/bank", tasks="runs/synth/tasks.json")
+
+Tasks come from a tau2 tasks file (the folder's own tasks.json by default; a file holding
+several domains' tasks gives this domain the ones whose "domain" field names it). Each episode
+gets its own worker and DB copy; the verdict is the three ToolScale checks of
+`envs.tau2.verify`, computed from replays in one long-lived replay worker per environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import pathlib
+from typing import Any, Mapping, Sequence
+
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.tau2.env import Tau2Env
+from orchestrax.envs.tau2.verify import (Verdict, gold_actions, missing_info, trajectory_calls,
+                                         trajectory_texts)
+from orchestrax.tools.base import Tool, ToolSpec
+from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.tools.domain_worker import (DomainWorker, EpisodeTools, WorkerConfig,
+                                            WorkerFailed, WorkerState, WorkerTool, tool_specs)
+from orchestrax.tools.randomize import instance_tools
+
+
+def read_tasks(path: str | pathlib.Path, domain: str | None = None) -> list[dict]:
+    """A tau2 tasks file; with `domain`, only tasks without a "domain" field or naming it."""
+    path = pathlib.Path(path)
+    try:
+        tasks = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON at line {e.lineno} ({e.msg})") from None
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "id" in t for t in tasks):
+        raise ValueError(f"{path}: a tau2 tasks file is a JSON list of objects with an 'id'")
+    return [t for t in tasks if domain is None or t.get("domain", domain) == domain]
+
+
+def _run_in_thread(coro_fn):
+    """Run an async function to completion from sync code, inside a running loop or not."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro_fn()).result()
+
+
+class WorkerDomain:
+    """What the verifier and the env need of a worker-run domain: name, policy, tasks, splits,
+    tool specs, and `replay(actions)` on fresh DB copies."""
+
+    def __init__(self, folder: str | pathlib.Path, tasks: str | pathlib.Path | None = None,
+                 config: WorkerConfig = WorkerConfig()):
+        self.folder = pathlib.Path(folder).resolve()
+        self.name = self.folder.name
+        self.config = config
+        policy = self.folder / "policy.md"
+        self.policy = policy.read_text() if policy.is_file() else ""
+        tasks_path = pathlib.Path(tasks) if tasks is not None else self.folder / "tasks.json"
+        self.tasks = read_tasks(tasks_path, self.name) if tasks_path.is_file() else []
+        if tasks is not None and not tasks_path.is_file():
+            raise FileNotFoundError(f"tasks file {tasks_path} does not exist")
+        split_file = tasks_path.parent / "split_tasks.json"
+        ids = [t["id"] for t in self.tasks]
+        self.splits = (json.loads(split_file.read_text()) if split_file.is_file()
+                       else {"train": ids, "test": ids, "all": ids})
+        self.descriptions = _run_in_thread(self._describe)
+        self.specs: list[ToolSpec] = tool_specs(self.descriptions)
+        self.functions = {s.name for s in self.specs}
+        self._replayer: DomainWorker | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _describe(self) -> list[dict[str, Any]]:
+        worker = DomainWorker(self.folder, self.config)
+        try:
+            return await worker.start()
+        finally:
+            await worker.close()
+
+    async def replay(self, actions: Sequence[dict[str, Any]]) -> tuple[WorkerState, list[dict]]:
+        """(final state, per-action {"ok", "observation"}) of `actions` on a fresh DB. A worker
+        that fails is replaced once; a second failure raises `WorkerFailed`."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        payload = [{"name": a.get("name"), "arguments": a.get("arguments") or {}} for a in actions]
+        async with self._lock:
+            for attempt in range(2):
+                try:
+                    if self._replayer is None or not self._replayer.alive:
+                        self._replayer = DomainWorker(self.folder, self.config)
+                        await self._replayer.start()
+                    reply = await self._replayer.request({"op": "replay", "actions": payload})
+                    if reply.get("ok"):
+                        return WorkerState.from_reply(reply), reply["outcomes"]
+                    raise WorkerFailed(f"replay refused: {reply.get('error')}")
+                except WorkerFailed:
+                    await self._replayer.close()
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        if self._replayer is not None:
+            await self._replayer.close()
+
+
+class ToolScaleEnv(Tau2Env):
+    """A tau2-format domain run in domain workers. `domain`: a folder or a loaded
+    `WorkerDomain`; the other arguments as `Tau2Env` (`completeness=True`: the ToolScale
+    verdict, all three checks)."""
+
+    def __init__(self, domain: WorkerDomain | str | pathlib.Path, *,
+                 tasks: str | pathlib.Path | None = None, user_endpoint: ChatEndpoint | None = None,
+                 completeness: bool = True, tools: Mapping[str, Tool] | None = None,
+                 worker: WorkerConfig = WorkerConfig()):
+        self.domain = (domain if isinstance(domain, WorkerDomain)
+                       else WorkerDomain(domain, tasks, worker))
+        self._telecom = None
+        self.catalog: dict[str, Tool] = dict(tools or {})
+        clash = sorted(set(self.catalog) & self.domain.functions)
+        if clash:
+            raise ValueError(f"ToolScaleEnv tools {clash} have the names of {self.domain.name} "
+                             "domain tools; rename them in the catalog")
+        self.user_endpoint = user_endpoint
+        self.completeness = completeness
+        self._by_id = {t["id"]: t for t in self.domain.tasks}
+        self._gold: dict[str, WorkerState] = {}
+
+    def tools(self, task: Task) -> list[Tool]:
+        """The domain's tools on one fresh worker (started at the first call), then the
+        catalog or the instance's subset of it."""
+        episode = EpisodeTools(self.domain.folder, self.domain.specs, self.domain.config)
+        return [*episode.tools(), *instance_tools(self.catalog, task)]
+
+    async def release(self, tools: Sequence[Tool]) -> None:
+        for tool in tools:
+            if isinstance(tool, WorkerTool):
+                await tool.aclose()
+
+    async def gold_state(self, raw: dict) -> WorkerState:
+        if raw["id"] not in self._gold:
+            self._gold[raw["id"]] = (await self.domain.replay(gold_actions(raw)))[0]
+        return self._gold[raw["id"]]
+
+    async def verdict(self, task: Task, trajectory: Trajectory) -> Verdict:
+        raw = self.raw(task)
+        texts = trajectory_texts(trajectory) + [m["content"] for m in trajectory.messages
+                                                if m.get("role") == "assistant"
+                                                and isinstance(m.get("content"), str)]
+        calls = [c for c in trajectory_calls(trajectory) if c["name"] in self.domain.functions]
+        gold = await self.gold_state(raw)
+        state, _ = await self.domain.replay(calls)
+        return Verdict(db_match=state.same_state(gold), missing_info=missing_info(raw, texts),
+                       missing_entries=tuple(sorted(gold.touched - state.touched)))
+
+    def check(self, task: Task, trajectory: Trajectory) -> Verdict:
+        raise TypeError("ToolScaleEnv verdicts come from worker replays: await env.verdict(...)")
+
+    async def verify(self, task: Task, trajectory: Trajectory) -> float:
+        verdict = await self.verdict(task, trajectory)
+        return float(verdict.passed if self.completeness else verdict.benchmark_passed)
+
