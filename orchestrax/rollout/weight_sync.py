@@ -11,28 +11,37 @@ import pathlib
 import shutil
 from typing import Any
 
-from orchestrax import models
+import jax
+
+from orchestrax import models, parallel
 from orchestrax.rollout.sglang_client import SGLangClient
 
 
 def write_version(cfg: models.ModelConfig, params: Any, root: str | pathlib.Path, version: str, *,
                   tokenizer_dir: str | None = None, keep: int = 2) -> pathlib.Path:
     """Write `root/v{version}` atomically (temp dir, then rename) and delete all but the newest
-    `keep` versions. Returns the directory."""
+    `keep` versions. Returns the directory. Multi-process: every process calls this (the params
+    are gathered from all), process 0 alone writes, and all return once the directory is whole,
+    so each may then point its own servers at it."""
     if keep < 1:
         raise ValueError(f"write_version keep={keep}; must be >= 1")
     if not version or "/" in version:
         raise ValueError(f"write_version version={version!r}; must be a non-empty name without '/'")
     root = pathlib.Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"v{version}", root / f".tmp-v{version}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    writer = jax.process_index() == 0
+    if writer:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     models.save_hf(cfg, params, tmp, tokenizer_dir=tokenizer_dir)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    versions = sorted((p for p in root.glob("v*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    for old in versions[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if writer:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        versions = sorted((p for p in root.glob("v*") if p.is_dir()),
+                          key=lambda p: p.stat().st_mtime)
+        for old in versions[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    parallel.barrier(f"weights v{version}")
     return final
 
 

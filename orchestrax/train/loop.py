@@ -59,12 +59,17 @@ class Trainer:
             prepare_instance(t, self.env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
                              config=cfg.instances) for t in self.env.tasks("eval")]
         config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
+        # Multi-process: each process evaluates its own share (eval rows average the shares).
+        self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
         self.tokenizer = setup.load_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
         config.check_master_weights(cfg, params)
-        setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer, cfg.hf_path)
+        if jax.process_index() == 0:
+            setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer,
+                                   cfg.hf_path)
+        parallel.barrier("model card")
         self.update = rl.make_train_step(self.model_cfg, cfg.grpo, cfg.optim, self.mesh)
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)
@@ -86,7 +91,8 @@ class Trainer:
             self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
             log.info("starting RL from %s (its %s step %d)", cfg.init_from, meta["phase"],
                      meta["step"])
-        self.metrics = MetricsLog(self.out, keep_rows=keep_rows, resume_step=resumed_at)
+        self.metrics = MetricsLog(self.out, keep_rows=keep_rows, resume_step=resumed_at,
+                                  writer=jax.process_index() == 0)
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
         # --- sub-agent mode (issue 12): orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
@@ -161,7 +167,9 @@ class Trainer:
             batches = warmstart.demo_batches(demos, pad_id=setup.pad_id(self.codec), **shape)
         bar = progress(cfg.sft_steps, self.step, "warm start")
         while self.step < cfg.sft_steps:
-            self.state, metrics = sft.step(self.state, next(batches))
+            batch = next(batches)  # the same on every process: each places its devices' rows
+            self.state, metrics = sft.step(self.state, batching.from_global_rows(
+                batch, rl.batch_shardings(batch, self.mesh)))
             self.step += 1
             bar.update()
             if self.step % 10 == 0 or self.step == cfg.sft_steps:
@@ -204,11 +212,11 @@ class Trainer:
                                         str(self._global_step()))
             batch, stats = self._make_batch(tasks, groups, outcome)
             stats |= stale | self._sampler_counters()
+            # Multi-process: the global batch from every process's own rows.
+            batch = batching.from_process_rows(batch, rl.batch_shardings(batch, self.mesh))
             if self.ref_params is not None:
-                # To host like the rest of the batch: the step places it on its own shardings.
-                batch["ref_logprobs"] = np.asarray(self._ref_logprobs(
-                    self.ref_params, batch["tokens"], batch["attention_mask"]))
-            batch = batching.gather_processes(batch)  # multi-host: every process's rows
+                batch["ref_logprobs"] = self._ref_logprobs(
+                    self.ref_params, batch["tokens"], batch["attention_mask"])
             self.state, metrics = self.update.step(self.state, batch)
             self.step += 1
             await self._publish_weights()
@@ -234,6 +242,7 @@ class Trainer:
             return
         path = (self.out / "reference").resolve()
         ckptr = ocp.StandardCheckpointer()
+        parallel.barrier("reference")  # every process sees the same answer to exists()
         if path.exists():
             self.ref_params = ckptr.restore(path, abstract_like(self.state.params))
         else:
@@ -242,8 +251,11 @@ class Trainer:
             ckptr.wait_until_finished()
         temperature = self.cfg.grpo.temperature
         chunk = self.cfg.grpo.logprob_chunk
+        # Out on the batch's own row sharding, as the step takes it.
+        rows = rl.batch_shardings({"tokens": np.zeros((1, 1))}, self.mesh)["tokens"]
         self._ref_logprobs = jax.jit(lambda p, t, m: models.token_logprobs(
-            self.model_cfg, p, t, m, temperature=temperature, chunk_size=chunk))
+            self.model_cfg, p, t, m, temperature=temperature, chunk_size=chunk),
+            out_shardings=rows)
 
     # --- pieces --------------------------------------------------------------------------------
     async def _rollout(self, tasks: Sequence[Task], group: int,
@@ -293,7 +305,7 @@ class Trainer:
         r = self.cfg.rollout
         if not r.workers:
             return
-        urls = tuple(r.server_urls)
+        urls = setup.server_share(r.server_urls) if r.backend == "sglang" else ()
         if r.backend == "embedded":
             from orchestrax.rollout import server
             self._server = await server.start(server.ServerState(
@@ -376,6 +388,8 @@ class Trainer:
         return {f"rollout_{k}": float(v) for k, v in total.items()}
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
+        # Multi-process: rollout stats are each process's own episodes; the row averages them.
+        row = parallel.mean_over_processes(row)
         self.metrics.write(row, self._global_step())
         log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in row.items()))

@@ -17,12 +17,20 @@ log = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    def __init__(self, out_dir: pathlib.Path, *, keep_rows: int, resume_step: int | None):
+    def __init__(self, out_dir: pathlib.Path, *, keep_rows: int, resume_step: int | None,
+                 writer: bool = True):
         """Keep the first `keep_rows` rows of an existing metrics.jsonl; `resume_step` is the
-        global step of the restored checkpoint (None on a fresh start)."""
+        global step of the restored checkpoint (None on a fresh start). `writer=False` (every
+        process of a multi-process run but the first) counts rows and writes nothing."""
         from tensorboardX import SummaryWriter
 
         self.path = out_dir / "metrics.jsonl"
+        self.writer = writer
+        if not writer:
+            self.rows = min(keep_rows, len(self.path.read_text().splitlines())
+                            if self.path.exists() else 0)
+            self._tb = None
+            return
         lines = self.path.read_text().splitlines() if self.path.exists() else []
         if len(lines) > keep_rows:
             log.info("dropping %d metrics rows written after the checkpoint (they are re-run)",
@@ -37,6 +45,9 @@ class MetricsLog:
     def write(self, row: dict[str, Any], global_step: int) -> dict[str, Any]:
         """Append `row` (it must carry "phase") and send its numbers to TensorBoard as
         `<phase>/<key>` at `global_step`."""
+        if not self.writer:
+            self.rows += 1
+            return row
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.rows += 1
@@ -49,7 +60,8 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
     def close(self) -> None:
-        self._tb.close()
+        if self._tb is not None:
+            self._tb.close()
 
 
 def progress(total: int, initial: int, desc: str):

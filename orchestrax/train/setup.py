@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from orchestrax import models
+from orchestrax import models, parallel
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.models.hf_io import portable_tokenizer_config
@@ -96,13 +96,39 @@ def make_catalog(cfg: TrainConfig):
 
 
 def make_sampler(cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any):
+    """This process's sampler: the embedded one on a copy of the params on this process's own
+    devices, or an SGLang client for this process's share of `server_urls` (every
+    process_count-th, from its process index)."""
     r = cfg.rollout
     if r.backend == "embedded":
         from orchestrax.rollout.embedded import make_embedded_sampler
-        return make_embedded_sampler(r.engine, model_cfg, params, max_batch=r.sampler_max_batch,
-                                     max_len=r.context_tokens, seed=cfg.seed)
+        return make_embedded_sampler(r.engine, model_cfg, sampler_params(model_cfg, params),
+                                     max_batch=r.sampler_max_batch, max_len=r.context_tokens,
+                                     seed=cfg.seed)
     from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
-    return SGLangClient(SGLangClientConfig(urls=tuple(r.server_urls)))
+    return SGLangClient(SGLangClientConfig(urls=server_share(r.server_urls)))
+
+
+def server_share(urls: Sequence[str]) -> tuple[str, ...]:
+    """The rollout servers this process sends its episodes to and syncs weights on."""
+    n, i = jax.process_count(), jax.process_index()
+    if len(urls) < n:
+        raise ValueError(f"rollout.server_urls has {len(urls)} servers for {n} trainer "
+                         f"processes; give at least one server per process")
+    return tuple(urls[i::n])
+
+
+def sampler_params(model_cfg: models.ModelConfig, params: Any) -> Any:
+    """`params` as this process's embedded sampler can use them. Multi-process: the training
+    params span every process's devices, and a sampler runs on its own process alone, so the
+    params are gathered (a collective: every process calls this at the same point) and put on a
+    mesh of this process's local devices."""
+    if jax.process_count() == 1:
+        return params
+    from jax.experimental import multihost_utils
+    host = multihost_utils.process_allgather(params, tiled=True)
+    local = parallel.make_mesh(parallel.MeshConfig(), jax.local_devices())
+    return jax.device_put(host, models.param_shardings(model_cfg, local))
 
 
 async def publish(sampler, cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any,
@@ -110,7 +136,7 @@ async def publish(sampler, cfg: TrainConfig, model_cfg: models.ModelConfig, para
     """Make the sampler serve `params`: in place for the embedded sampler; for SGLang servers an
     HF directory per version, `/update_weights_from_disk` on each, `weight_version` checked."""
     if hasattr(sampler, "set_params"):
-        sampler.set_params(params, weight_version=version)
+        sampler.set_params(sampler_params(model_cfg, params), weight_version=version)
         return
     from orchestrax.rollout.weight_sync import sync_weights
     await sync_weights(sampler, model_cfg, params, cfg.rollout.weight_sync_dir, version,

@@ -1,0 +1,67 @@
+"""The trainer as 2 JAX processes x 4 CPU devices joined by jax.distributed on loopback (gloo
+collectives), against the same work in 1 process x 8 devices."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+WORKER = pathlib.Path(__file__).with_name("multiprocess_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(mode: str, out: pathlib.Path, processes: int) -> list[dict]:
+    """Run the worker as `processes` processes with 8 / processes CPU devices each."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(WORKER), mode, str(out), str(i),
+                               str(processes), str(port)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(processes)]
+    try:
+        logs = [p.communicate(timeout=900)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, text in zip(procs, logs):
+        assert p.returncode == 0, text[-3000:]
+    return [json.loads((out / f"result-{i}.json").read_text()) for i in range(processes)]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_sft_losses_and_rl_step(tmp_path):
+    one, = _run("step", tmp_path / "one", 1)
+    two = _run("step", tmp_path / "two", 2)
+    assert one["processes"] == 1 and {r["processes"] for r in two} == {2}
+    assert one["devices"] == two[0]["devices"] == 8
+    for r in two:
+        assert r["sft_losses"] == pytest.approx(one["sft_losses"], abs=1e-5)
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "policy_tokens", "dropped_samples"):
+            assert r["metrics"][key] == pytest.approx(one["metrics"][key], abs=1e-5), key
+        assert r["param_sum"] == pytest.approx(one["param_sum"], abs=1e-4)
+    assert one["metrics"]["kl"] > 0  # the reference pass ran on the global batch
+
+
+@pytest.mark.slow
+def test_the_trainer_runs_as_two_processes(tmp_path):
+    """Warm start, KL reference, weight publishing to each process's own sampler, checkpoints
+    and one metrics writer, all through the real Trainer."""
+    results = _run("train", tmp_path, 2)
+    assert results[0]["history"] == results[1]["history"]  # every row is the mean of both
+    phases = [(h["phase"], h["step"]) for h in results[0]["history"]]
+    assert phases == [("sft", 4), ("eval", 0), ("rl", 1)]
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [(json.loads(r)["phase"], json.loads(r)["step"]) for r in rows] == phases
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [2, 4, 5]
+    assert (tmp_path / "reference").is_dir()
