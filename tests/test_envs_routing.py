@@ -181,6 +181,9 @@ def test_demonstrations_play_through_the_agent_loop_and_stats():
     assert stats == pytest.approx({
         "preferred_tool_rate_cost": np.mean(expect["cost"]),
         "preferred_tool_rate_latency": np.mean(expect["latency"]),
+        # one call an episode: the share of calls equals the share of episodes
+        "preferred_share_cost": np.mean(expect["cost"]),
+        "preferred_share_latency": np.mean(expect["latency"]),
         "preferred_tool_rate": np.mean(expect["cost"] + expect["latency"]), "tool_calls_mean": 1.0,
         **shares})
 
@@ -235,3 +238,52 @@ def test_pool_preferences_come_from_disjoint_train_and_eval_pairs():
     assert neutral and one
     stats = env.stats(neutral + one, [[call], [call]])
     assert stats["preferred_tool_rate"] == 1.0 and stats["tool_share_lookup_cheap"] == 1.0
+
+
+def test_pool_kinds_draw_that_profile_and_eval_pool_picks_the_phrasings():
+    from orchestrax.data import preferences
+
+    def phrasings(split, compute, latency):
+        return {p.instruction for p in preferences.pairs(split) if not p.names_tool
+                and (p.outcome, p.compute, p.latency) == (1.0, compute, latency)}
+
+    kinds = ("pool:cost", "pool:latency")
+    for eval_pool in ("train", "eval"):
+        env = RoutingEnv(RoutingConfig(preferences=kinds, eval_preferences=kinds,
+                                       eval_pool=eval_pool, num_train=48, num_eval=24))
+        for split, pool in (("train", "train"), ("eval", eval_pool)):
+            said = {}
+            for t in env.tasks(split):
+                kind = t.metadata["preference_kind"]
+                assert t.preference == {"cost": (0, 0, 0, 1, 1, 0),
+                                        "latency": (0, 0, 0, 1, 0, 1)}[kind]
+                assert t.metadata["preferred_tool"] == {"cost": "lookup_cheap",
+                                                        "latency": "lookup_fast"}[kind]
+                said.setdefault(kind, set()).add(
+                    t.messages[1]["content"].split("Preference: ", 1)[1])
+            # every phrasing of the profile shows up (3 train / 2 eval phrasings), no other
+            assert said == {"cost": phrasings(pool, 1.0, 0.0),
+                            "latency": phrasings(pool, 0.0, 1.0)}, (split, eval_pool)
+    with pytest.raises(ValueError, match="eval_pool='dev'; allowed: 'train', 'eval'"):
+        RoutingConfig(eval_pool="dev")
+
+
+def test_preferred_share_counts_calls_and_the_rate_counts_episodes():
+    env = RoutingEnv(RoutingConfig(num_train=2))
+    cost, latency = env.tasks("train")  # kinds alternate: cost, latency
+    tools = {t.spec.name: t for t in env.tools(cost)}
+
+    def played(task, *names):
+        calls = [ToolCallRecord(name=n, arguments={}, observation=f"Done: {task.metadata['job']}",
+                                cost=tools[n].spec.pricing.usd_per_call,
+                                latency=tools[n].spec.latency_s) for n in names]
+        return Trajectory(task_id=task.task_id, turns=[TurnRecord(text="", tool_calls=calls)])
+
+    stats = env.stats([cost, latency], [
+        [played(cost, "lookup_cheap", "lookup_fast"), played(cost, "lookup_cheap")],
+        [played(latency, "lookup_premium"), played(latency)]])
+    # cost: 2 of 3 calls cheap, 1 of 2 episodes only cheap; latency: 0 of 1 call, 0 of 2
+    assert stats["preferred_share_cost"] == pytest.approx(2 / 3)
+    assert stats["preferred_tool_rate_cost"] == 0.5
+    assert stats["preferred_share_latency"] == 0.0 and stats["preferred_tool_rate_latency"] == 0.0
+    assert stats["tool_share_lookup_cheap"] == 0.5 and stats["tool_calls_mean"] == 1.0

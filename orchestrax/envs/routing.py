@@ -35,6 +35,7 @@ from orchestrax.envs.base import Environment
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.randomize import instance_seed
 
+POOL_KINDS = ("pool:cost", "pool:latency")
 SYSTEM_PROMPT = "Run the job with one tool call, then reply <answer>done</answer>."
 JOBS = ("Fetch the report.", "Send the invoice.", "Check the order.", "Book the room.",
         "Find the file.", "Update the list.", "Get the weather.", "Call the user.")
@@ -60,11 +61,15 @@ class RoutingConfig:
     tools: tuple[LookupTool, ...] = DEFAULT_TOOLS
     # "cost", "latency", or a tool name (the user asks for that tool); tasks cycle through them.
     # "pool": each task draws P and its instruction from Pairs_train (train split) or Pairs_eval
-    # (eval split), which share no instruction; the demo keeps its two fixed sentences, which
-    # its 2-layer model can read.
+    # (eval split), which share no instruction. "pool:cost" / "pool:latency": the same draw
+    # among the pairs whose P weighs compute only / latency only (P as "cost" / "latency", the
+    # instruction one of that profile's phrasings).
     preferences: tuple[str, ...] = ("cost", "latency")
     # The eval split always mixes these, so a run trained under one preference is measured on both.
     eval_preferences: tuple[str, ...] = ("cost", "latency")
+    # The pairs the eval split's pool kinds draw from: "eval" (phrasings no training task has)
+    # or "train" (held-out tasks, the training phrasings).
+    eval_pool: str = "eval"
 
     def __post_init__(self):
         if self.num_train < 1 or self.num_eval < 1:
@@ -75,13 +80,16 @@ class RoutingConfig:
             raise ValueError(f"RoutingConfig.tools must be >= 2 tools with distinct names; got {names}")
         if any(t.usd_per_call < 0 or t.latency_s < 0 for t in self.tools):
             raise ValueError("RoutingConfig.tools: usd_per_call and latency_s must be >= 0")
-        allowed = ["cost", "latency", "pool", *names]
+        allowed = ["cost", "latency", "pool", *POOL_KINDS, *names]
         for field in ("preferences", "eval_preferences"):
             value = getattr(self, field)
             if not value or any(k not in allowed for k in value):
                 raise ValueError(f"RoutingConfig.{field}={value!r}; allowed: {allowed}")
+        if self.eval_pool not in ("train", "eval"):
+            raise ValueError(f"RoutingConfig.eval_pool={self.eval_pool!r}; allowed: 'train', 'eval'")
+        kinds = {k.removeprefix("pool:") for k in self.preferences + self.eval_preferences}
         for kind in ("cost", "latency"):
-            if kind in self.preferences or "pool" in self.preferences + self.eval_preferences:
+            if kind in kinds or "pool" in kinds:
                 key = (lambda t: t.usd_per_call) if kind == "cost" else (lambda t: t.latency_s)
                 best = sorted(key(t) for t in self.tools)
                 if best[0] == best[1]:
@@ -113,6 +121,13 @@ def preferred_from_vector(config: RoutingConfig, P: Sequence[float]) -> str | No
     if compute == latency:
         return None
     return preferred_tool(config, "cost" if compute > latency else "latency")
+
+
+def _pool_pairs(split: str, kind: str) -> list:
+    """The split's pairs whose P weighs only compute ("cost") or only latency, no tool."""
+    want = (1.0, 0.0) if kind == "cost" else (0.0, 1.0)
+    return [p for p in pairs.pairs(split) if not p.names_tool and p.outcome == 1.0
+            and (p.compute, p.latency) == want]
 
 
 def preference_text(kind: str) -> str:
@@ -148,16 +163,22 @@ class RoutingEnv(Environment):
 
     def _make(self, split: str, n: int, kinds: tuple[str, ...]) -> list[Task]:
         rng = random.Random(f"routing/{self.config.seed}/{split}")
+        pool = "train" if split == "train" else self.config.eval_pool
         tasks = []
         for i in range(n):
             job = rng.choice(JOBS)
             kind = kinds[i % len(kinds)]
             task_id = f"routing/{split}/{i}"
             if kind == "pool":
-                P, text = pairs.draw("train" if split == "train" else "eval",
-                                     [t.name for t in self.config.tools],
+                P, text = pairs.draw(pool, [t.name for t in self.config.tools],
                                      instance_seed(self.config.seed, task_id))
                 want, text = preferred_from_vector(self.config, P), f"Preference: {text}"
+            elif kind in POOL_KINDS:
+                kind = kind.removeprefix("pool:")
+                pair = random.Random(instance_seed(self.config.seed, task_id)).choice(
+                    _pool_pairs(pool, kind))
+                P = (*[0.0] * len(self.config.tools), pair.outcome, pair.compute, pair.latency)
+                want, text = preferred_from_vector(self.config, P), f"Preference: {pair.instruction}"
             else:
                 P, text = preference_vector(self.config, kind), preference_text(kind)
                 want = preferred_tool(self.config, kind)
@@ -194,13 +215,16 @@ class RoutingEnv(Environment):
 
     def stats(self, tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """preferred_tool_rate_<kind>: share of episodes whose calls all went to the preferred
-        tool (at least one call); tool_share_<name>: share of all calls that went to each tool;
-        tool_calls_mean: calls per episode."""
+        tool (at least one call); preferred_share_<kind>: share of the calls on that kind's
+        tasks that went to the preferred tool; tool_share_<name>: share of all calls that went
+        to each tool; tool_calls_mean: calls per episode."""
         hits: dict[str, list[float]] = {}
+        kind_calls: dict[str, list[int]] = {}  # kind -> [calls to the preferred tool, calls]
         calls = []
         used = {t.name: 0 for t in self.config.tools}
         for task, group in zip(tasks, groups):
             want = task.metadata["preferred_tool"]
+            kind = task.metadata["preference_kind"]
             for traj in group:
                 names = [c.name for c in traj.tool_calls]
                 calls.append(len(names))
@@ -208,9 +232,14 @@ class RoutingEnv(Environment):
                     if n in used:
                         used[n] += 1
                 if want is not None:  # a pool preference may single out no tool
-                    hits.setdefault(task.metadata["preference_kind"], []).append(
+                    hits.setdefault(kind, []).append(
                         float(bool(names) and all(n == want for n in names)))
+                    tally = kind_calls.setdefault(kind, [0, 0])
+                    tally[0] += names.count(want)
+                    tally[1] += len(names)
         out = {f"preferred_tool_rate_{k}": sum(v) / len(v) for k, v in hits.items()}
+        out |= {f"preferred_share_{k}": hit / total for k, (hit, total) in kind_calls.items()
+                if total}
         out["preferred_tool_rate"] = (sum(sum(v) for v in hits.values())
                                       / max(1, sum(len(v) for v in hits.values())))
         out |= {f"tool_share_{n}": c / max(1, sum(used.values())) for n, c in used.items()}
