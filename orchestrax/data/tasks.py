@@ -11,6 +11,7 @@ saved in the Orbax checkpoint and restored exactly.
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 
 import grain
 import numpy as np
@@ -59,3 +60,51 @@ def task_stream(num_tasks: int, tasks_per_step: int, *, seed: int, process_index
                          f"process {process_index}'s shard has {len(shard)} of the {num_tasks} "
                          "tasks; a step takes each task at most once")
     return EpochSteps(shard, per_step, seed)
+
+
+class EpochCycle(grain.MapDataset):
+    """Element k -> `values` reshuffled every epoch: element k % n of epoch k // n's
+    permutation (an endless, random-access stream of one task source)."""
+
+    def __init__(self, values: np.ndarray, seed: int):
+        super().__init__()
+        self._n = len(values)
+        self._orders = EpochPermutations(np.asarray(values, np.int64), seed)
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __str__(self) -> str:
+        return f"EpochCycle(n={self._n})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        epoch, k = divmod(index, self._n)
+        return int(self._orders(epoch)[k])
+
+
+def mixture_stream(sizes: Sequence[int], weights: Sequence[float], tasks_per_step: int, *,
+                   seed: int, process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
+    """Per-step task indices for this process from several task sources laid end to end (source
+    s holds indices offset_s .. offset_s + sizes[s] - 1): grain's weighted mix of one endless
+    reshuffled stream per source, so over any run of steps source s fills a `weights[s]` /
+    sum(weights) share of the slots. Each process draws from its own shard of every source. A
+    source smaller than its share of a step repeats tasks within that step."""
+    if len(sizes) != len(weights) or not sizes:
+        raise ValueError(f"mixture: {len(sizes)} sources but {len(weights)} weights")
+    if any(w <= 0 for w in weights):
+        raise ValueError(f"mixture weights {tuple(weights)}; each must be > 0")
+    if tasks_per_step % process_count:
+        raise ValueError(f"rollout.tasks_per_step={tasks_per_step} does not split evenly over "
+                         f"{process_count} processes; use a multiple of {process_count}")
+    offsets = np.cumsum([0, *sizes])
+    parents = []
+    for s, n in enumerate(sizes):
+        shard = np.arange(offsets[s], offsets[s] + n)[process_index::process_count]
+        if not len(shard):
+            raise ValueError(f"mixture source {s} has {n} tasks: none for process "
+                             f"{process_index} of {process_count}")
+        parents.append(EpochCycle(shard, seed * 1009 + s))
+    mixed = grain.MapDataset.mix(parents, list(map(float, weights)))
+    return mixed.batch(tasks_per_step // process_count)

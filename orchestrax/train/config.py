@@ -26,7 +26,7 @@ from orchestrax.train.validate import check_fields
 BACKENDS = ("embedded", "sglang")
 DTYPES = ("float32", "bfloat16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-ENVS = ("routing", "tau2", "qa", "toolscale")
+ENVS = ("routing", "tau2", "qa", "toolscale", "mix")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,9 +164,36 @@ class TrainConfig:
         if self.env in ("tau2", "toolscale") and "domain" not in dict(self.env_kwargs):
             raise ValueError(f"TrainConfig.env_kwargs={self.env_kwargs!r}; env={self.env!r} "
                              "needs ('domain', '<path to a tau2 domain folder>')")
+        if self.env == "mix":
+            check_mix_sources(dict(self.env_kwargs).get("sources"))
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def check_mix_sources(sources: Any) -> None:
+    """env="mix": env_kwargs `sources` = ((name, weight > 0, env, env_kwargs), ...), names
+    unique, each env one of ENVS but "mix", tau2/toolscale ones with a domain."""
+    form = "(('sources', ((name, weight, env, env_kwargs), ...)),)"
+    if not isinstance(sources, tuple) or not sources:
+        raise ValueError(f"TrainConfig.env_kwargs: env='mix' needs {form}")
+    for source in sources:
+        if not (isinstance(source, tuple) and len(source) == 4):
+            raise ValueError(f"TrainConfig.env_kwargs sources: {source!r} is not "
+                             "(name, weight, env, env_kwargs)")
+        name, weight, env, kwargs = source
+        if env not in ENVS or env == "mix":
+            raise ValueError(f"TrainConfig.env_kwargs sources: {name!r} has env={env!r}; "
+                             f"allowed: {tuple(e for e in ENVS if e != 'mix')}")
+        if not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"TrainConfig.env_kwargs sources: {name!r} has weight={weight!r}; "
+                             "must be > 0")
+        if env in ("tau2", "toolscale") and "domain" not in dict(kwargs):
+            raise ValueError(f"TrainConfig.env_kwargs sources: {name!r} (env={env!r}) needs "
+                             "('domain', '<path to a tau2 domain folder>')")
+    names = [s[0] for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"TrainConfig.env_kwargs sources: names {names} repeat")
 
 
 def check_paths(cfg: TrainConfig) -> None:

@@ -29,7 +29,6 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
 from orchestrax.data.instances import prepare_instance  # issue 10: per-instance tools and P
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.data.tasks import task_stream
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.rollout.sglang_client import SGLangClient
@@ -77,10 +76,9 @@ class Trainer:
         self.phase = "sft" if cfg.sft_steps else "rl"
         self.ref_params = None
         # Task indices per RL step; its position is saved with every checkpoint.
-        self.task_ids = iter(task_stream(
-            len(self.train_tasks), cfg.rollout.tasks_per_step, seed=cfg.seed,
-            process_index=jax.process_index(), process_count=jax.process_count()
-        ).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+        self.task_ids = iter(setup.task_stream(cfg, self.env, len(self.train_tasks))
+                             .to_iter_dataset(grain.ReadOptions(num_threads=0,
+                                                                prefetch_buffer_size=0)))
         keep_rows, resumed_at = 0, None  # metrics rows of the restored checkpoint
         if cfg.resume and self.ckpt.latest_step is not None:
             keep_rows, resumed_at = self._resume()

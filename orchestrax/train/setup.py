@@ -68,23 +68,42 @@ def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tok
 
 
 def make_env(cfg: TrainConfig) -> Environment:
-    kwargs = dict(cfg.env_kwargs)
-    if cfg.env == "routing":
+    if cfg.env != "mix":
+        return _make_env(cfg, cfg.env, dict(cfg.env_kwargs), make_catalog(cfg))
+    from orchestrax.envs.mixture import MixtureEnv
+    catalog = make_catalog(cfg)  # one catalog (one search index) for every source
+    return MixtureEnv([(name, weight, _make_env(cfg, env, dict(kwargs), catalog))
+                       for name, weight, env, kwargs in dict(cfg.env_kwargs)["sources"]])
+
+
+def task_stream(cfg: TrainConfig, env: Environment, num_tasks: int):
+    """The RL steps' task indices for this process, as a grain MapDataset: the mixture's
+    weighted draw for env="mix", else uniform without repeats within a step."""
+    from orchestrax.data import tasks
+    shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
+    if cfg.env == "mix":
+        return tasks.mixture_stream(env.sizes(), env.weights, cfg.rollout.tasks_per_step,
+                                    seed=cfg.seed, **shard)
+    return tasks.task_stream(num_tasks, cfg.rollout.tasks_per_step, seed=cfg.seed, **shard)
+
+
+def _make_env(cfg: TrainConfig, env: str, kwargs: dict[str, Any], catalog) -> Environment:
+    if env == "routing":
         from orchestrax.envs.routing import RoutingConfig, RoutingEnv
         return RoutingEnv(RoutingConfig(seed=cfg.seed, **kwargs))
-    if cfg.env == "tau2":
+    if env == "tau2":
         from orchestrax.envs import tau2
         from orchestrax.tools.chat_client import ChatEndpoint
         domain = kwargs.pop("domain")
         user = kwargs.pop("user_url", None)
         endpoint = ChatEndpoint(base_url=user, model=kwargs.pop("user_model", "default"),
                                 api_key_env=kwargs.pop("user_api_key_env", None)) if user else None
-        return tau2.Tau2Env(domain, user_endpoint=endpoint, tools=make_catalog(cfg), **kwargs)
-    if cfg.env == "toolscale":  # a tau2-format domain whose code runs in domain workers
+        return tau2.Tau2Env(domain, user_endpoint=endpoint, tools=catalog, **kwargs)
+    if env == "toolscale":  # a tau2-format domain whose code runs in domain workers
         from orchestrax.envs.toolscale import ToolScaleEnv
-        return ToolScaleEnv(kwargs.pop("domain"), tools=make_catalog(cfg), **kwargs)
+        return ToolScaleEnv(kwargs.pop("domain"), tools=catalog, **kwargs)
     from orchestrax.envs import qa
-    return qa.QAEnv(tools=make_catalog(cfg), **kwargs)
+    return qa.QAEnv(tools=catalog, **kwargs)
 
 
 def make_catalog(cfg: TrainConfig):

@@ -1,0 +1,229 @@
+"""The ToolOrchestra recipe, one function per scale, all built from the same parts below:
+scale changes model size, mesh, batch shapes and endpoints, never the tools, data or algorithm.
+
+    config()            one 8-GPU node: 4 SGLang servers on 4 GPUs, the trainer FSDP on the others
+    config_one_h200()   one H200, embedded sampler
+    config_multinode()  several nodes: trainer processes under SLURM, an SGLang fleet behind a router
+    config_tpu()        a TPU pod slice, embedded sampler, checkpoints on gs://
+    config_rehearsal()  the whole recipe at CPU size on loopback (2 JAX processes x 4 CPU devices)
+
+Where a value comes from: "paper" = the ToolOrchestra paper (seeds/toolorchestra.txt), "script" =
+the official training script of the code release, "ours" = chosen here (the paper is silent).
+Edit ENDPOINTS to move an LLM tool (e.g. GPT-5 to a local server): one line per model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from orchestrax import models
+from orchestrax.data.instances import InstanceConfig
+from orchestrax.parallel import MeshConfig
+from orchestrax.rl import GRPOConfig, OptimizerConfig
+from orchestrax.tools.catalog import CatalogConfig
+from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.tools.llm_tool import LLMToolConfig
+from orchestrax.tools.randomize import RandomizeConfig
+from orchestrax.tools.sandbox import SandboxConfig
+from orchestrax.tools.search_index import SearchIndexConfig
+from orchestrax.tools.web_search import WebSearchConfig
+from orchestrax.train.config import RolloutConfig, TrainConfig
+
+# ../shared/data of this checkout (tau2 domains, QA sets, the Wikipedia corpus); edit for yours.
+DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+MODELS = pathlib.Path("/models")                 # HF checkpoints: Qwen3-8B, Qwen3-4B
+# JSONL trajectories for the SFT warm start (orchestrax/data/sft.py gives the format).
+SFT_DATA = ("data/sft/toolorchestra_sft.jsonl",)
+
+# --- where each LLM is served: model -> (OpenAI-compatible base URL, served name, key env) -----
+ENDPOINTS: dict[str, tuple[str, str, str | None]] = {
+    "gpt-5": ("https://api.openai.com/v1", "gpt-5", "OPENAI_API_KEY"),
+    "gpt-5-mini": ("https://api.openai.com/v1", "gpt-5-mini", "OPENAI_API_KEY"),
+    "llama-3.3-70b": ("http://127.0.0.1:31001/v1", "meta-llama/Llama-3.3-70B-Instruct", None),
+    "qwen3-32b": ("http://127.0.0.1:31002/v1", "Qwen/Qwen3-32B", None),
+    "qwen2.5-math-72b": ("http://127.0.0.1:31003/v1", "Qwen/Qwen2.5-Math-72B-Instruct", None),
+    "qwen2.5-coder-32b": ("http://127.0.0.1:31004/v1", "Qwen/Qwen2.5-Coder-32B-Instruct", None),
+}
+# The LLM tools (paper: specialised math/coder models and generalists): tool name, role, model.
+# Each model name is also its key in the pricing sheets (orchestrax/tools/pricing).
+LLM_TOOLS = (("gpt5", "generalist", "gpt-5"), ("gpt5_mini", "generalist", "gpt-5-mini"),
+             ("llama_70b", "generalist", "llama-3.3-70b"), ("qwen3_32b", "generalist", "qwen3-32b"),
+             ("math_72b", "math", "qwen2.5-math-72b"), ("coder_32b", "coder", "qwen2.5-coder-32b"))
+# The simulated user of tau2 episodes (paper: an LLM plays the customer).
+USER = ("http://127.0.0.1:31000/v1", "Qwen3-32B")
+
+
+# --- the parts ----------------------------------------------------------------------------------
+def tools(endpoints: dict[str, tuple[str, str, str | None]] = ENDPOINTS, *,
+          search_backend: str = "dense", search_titles: tuple[str, ...] | None = None,
+          web: bool = True, sandbox: SandboxConfig = SandboxConfig()) -> CatalogConfig:
+    """Paper's tool set: code sandbox, local search (FAISS over an embedder; "bm25" where no
+    embedder), web search (Tavily; left out without its key), the LLM tools; priced by the
+    training sheet `train_list` (instances then draw from every training sheet)."""
+    llms = []
+    for name, role, model in LLM_TOOLS:
+        url, served, key = endpoints[model]
+        llms.append(LLMToolConfig(name=name, role=role, price_model=model, sandbox=sandbox,
+                                  chat=ChatEndpoint(base_url=url, model=served, api_key_env=key)))
+    return CatalogConfig(
+        python=sandbox,
+        search=SearchIndexConfig(corpus_path=str(DATA / "corpus" / "wiki_summaries_en.json"),
+                                 backend=search_backend, titles=search_titles),
+        web=WebSearchConfig() if web else None,
+        llms=tuple(llms), sheet="train_list")
+
+
+def instances() -> InstanceConfig:
+    """Paper: every training instance gets a random tool subset and a random training pricing
+    sheet, and a preference vector P (with its instruction) drawn from Pairs_train."""
+    return InstanceConfig(preferences=True, randomize=RandomizeConfig(min_tools=1))
+
+
+def mixture(user: tuple[str, str] | None = USER, *, tau2_domains=("retail", "airline", "telecom"),
+            qa_sets=("musique_500", "bamboogle_125", "aime_2024_2025"),
+            toolscale: tuple[tuple[str, str], ...] = (),
+            tool_share: float = 0.5) -> tuple[tuple[str, float, str, tuple], ...]:
+    """Task sources and weights (env="mix"): `tool_share` of the tasks from the tool-use
+    domains (tau2 here; `toolscale` = ((domain folder, tasks file), ...) adds ToolScale domains
+    with synthesised tasks), the rest QA as the reasoning part (paper: GeneralThought-430K, not
+    available here; FRAMES stays out for evaluation). Each group splits its share evenly (ours)."""
+    user_kw = (("user_url", user[0]), ("user_model", user[1])) if user else ()
+    domains = [(f"tau2_{d}", "tau2", (("domain", str(DATA / "tau2" / d)), *user_kw))
+               for d in tau2_domains]
+    domains += [(f"toolscale_{pathlib.Path(folder).name}", "toolscale",
+                 (("domain", folder), ("tasks", tasks))) for folder, tasks in toolscale]
+    qa = [(f"qa_{name}", "qa", (("path", str(DATA / "qa" / f"{name}.jsonl")),))
+          for name in qa_sets]
+    out = [(n, tool_share / len(domains), env, kw) for n, env, kw in domains]
+    out += [(n, (1 - tool_share) / len(qa), env, kw) for n, env, kw in qa]
+    return tuple(out)
+
+
+def grpo(*, num_minibatches: int = 4, num_microbatches: int = 8,
+         logprob_chunk: int | None = 1024) -> GRPOConfig:
+    """The official hyper-parameters; the split into micro-batches is a memory choice only."""
+    return GRPOConfig(
+        clip_low=0.2, clip_high=0.28,  # script: asymmetric clip (DAPO's clip-higher)
+        dual_clip=10.0,                # script: dual-clip c = 10 on negative advantages
+        kl_coef=1e-4, kl="k3",         # script: KL to the reference 1e-4 (paper omits the KL)
+        min_group_std=0.1,             # paper: homogeneity filter, std(R) < 0.1 dropped
+        adv_clip=3.0,                  # script
+        agg="token-mean", ppo_epochs=1,  # script
+        num_minibatches=num_minibatches, num_microbatches=num_microbatches, tis_cap=2.0,
+        logprob_chunk=logprob_chunk)
+
+
+def optim() -> OptimizerConfig:
+    return OptimizerConfig(lr=1e-6,    # paper and script
+                           warmup_steps=10, schedule="constant", total_steps=10_000,
+                           weight_decay=0.01, max_grad_norm=1.0)  # script
+
+
+def rollout(**sizes) -> RolloutConfig:
+    base = dict(
+        group_size=8,                  # paper: G = 8 trajectories per task
+        tasks_per_step=16,             # script: 16 tasks per step (16 x 8 = 128 episodes)
+        max_turns=50,                  # paper: 50 turns
+        context_tokens=24_000,         # script: 24k-token episodes
+        max_new_tokens=8192, temperature=1.0, enable_thinking=True, max_in_flight=1024)
+    return RolloutConfig(**(base | sizes))
+
+
+def recipe(**changes) -> TrainConfig:
+    """Every scale's common config: Qwen3-8B, SFT warm start then GRPO on the mixture."""
+    base = dict(
+        name="toolorchestra", hf_path=str(MODELS / "Qwen3-8B"), tokenizer=str(MODELS / "Qwen3-8B"),
+        dtype="bfloat16", remat="full",  # fp32 master weights, bf16 compute
+        mesh=MeshConfig(axes=(("data", 1), ("fsdp", -1), ("tensor", 1))),
+        grpo=grpo(), optim=optim(),
+        sft_optim=OptimizerConfig(lr=1e-5, warmup_steps=20, schedule="cosine", total_steps=500,
+                                  weight_decay=0.0),  # ours: the warm start only fixes the format
+        rollout=rollout(backend="sglang", server_urls=_urls(30000, 4)),
+        env="mix", env_kwargs=(("sources", mixture()),),
+        tools=tools(), instances=instances(),
+        sft_data=SFT_DATA, sft_steps=500, sft_batch=64,
+        steps=500, out_dir="runs/toolorchestra", checkpoint_every=10, eval_every=25)
+    return TrainConfig(**(base | changes))
+
+
+def _urls(first_port: int, n: int, host: str = "127.0.0.1") -> tuple[str, ...]:
+    return tuple(f"http://{host}:{first_port + i}" for i in range(n))
+
+
+# --- the scales ---------------------------------------------------------------------------------
+def config() -> TrainConfig:
+    """One 8-GPU node: SGLang servers on 4 GPUs at ports 30000-30003, the trainer FSDP over the
+    other 4 (launch/gpu_single_node.sh)."""
+    return recipe()
+
+
+def config_one_h200() -> TrainConfig:
+    """One H200 (141 GB), embedded sampler. Qwen3-8B's fp32 params + AdamW moments alone are
+    131 GB, so until the step's memory levers land this runs Qwen3-4B: ~95 GiB for the step at
+    T=24k plus 8 cache rows of 3.5 GB (XLA_PYTHON_CLIENT_MEM_FRACTION=0.95)."""
+    c = recipe(name="toolorchestra-h200", hf_path=str(MODELS / "Qwen3-4B"),
+               tokenizer=str(MODELS / "Qwen3-4B"), out_dir="runs/toolorchestra-h200",
+               mesh=MeshConfig(axes=(("data", 1), ("fsdp", 1), ("tensor", 1))))
+    return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
+                                                 sampler_max_batch=8))
+
+
+def config_multinode(hosts: tuple[str, ...] = ("rollout-0", "rollout-1"),
+                     servers_per_node: int = 8) -> TrainConfig:
+    """Several nodes: one trainer process per node (launch/slurm_multinode.sbatch), each sending
+    its share of episodes to an SGLang fleet of `servers_per_node` servers on each rollout node
+    in `hosts` (launch/sglang_fleet.sh); the weight-sync directory must be on a filesystem the
+    servers see."""
+    urls = tuple(u for host in hosts for u in _urls(30000, servers_per_node, host=host))
+    c = recipe(name="toolorchestra-multinode", out_dir="/shared/runs/toolorchestra")
+    return c.replace(rollout=dataclasses.replace(
+        c.rollout, server_urls=urls, weight_sync_dir="/shared/orchestrax_weights"))
+
+
+def config_tpu() -> TrainConfig:
+    """A TPU pod slice (e.g. v5p-32): FSDP over all chips, embedded sampler (no SGLang on TPU);
+    128 cache rows over 16 chips add 28 GB a chip next to the step's ~56 GiB."""
+    c = recipe(name="toolorchestra-tpu", hf_path="/mnt/models/Qwen3-8B",
+               tokenizer="/mnt/models/Qwen3-8B", out_dir="gs://YOUR_BUCKET/orchestrax/qwen3-8b")
+    return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
+                                                 sampler_max_batch=128))
+
+
+# The rehearsal's loopback ports: the sglang-router, the two rollout servers behind it, and one
+# `orchestrax serve --tiny` per LLM model (the user simulator included).
+REHEARSAL_ROUTER = 30500
+REHEARSAL_SERVERS = (30501, 30502)
+REHEARSAL_EXPERTS = {model: 31500 + i for i, model in enumerate([*ENDPOINTS, USER[1]])}
+
+
+def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
+    """The recipe at CPU size: a tiny random Qwen3 as 2 processes x 4 CPU devices, rollouts
+    through the router, every LLM tool and the tau2 user a tiny local server, BM25 over 200
+    passages of the Wikipedia corpus, one tau2 domain and two QA sets, a few SFT and GRPO steps."""
+    experts = {model: (f"http://127.0.0.1:{REHEARSAL_EXPERTS[model]}/v1", "default", None)
+               for model in ENDPOINTS}
+    user = (f"http://127.0.0.1:{REHEARSAL_EXPERTS[USER[1]]}/v1", "default")
+    titles = tuple(sorted(_corpus_titles())[:200])
+    return recipe(
+        name="toolorchestra-rehearsal", hf_path=None, tokenizer="tiny", dtype="float32",
+        remat="none",
+        model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
+                                 num_heads=2, num_kv_heads=1, head_dim=16),
+        grpo=grpo(num_minibatches=2, num_microbatches=1, logprob_chunk=None),
+        sft_optim=OptimizerConfig(lr=1e-3, warmup_steps=0, schedule="constant", total_steps=100),
+        rollout=rollout(backend="sglang",
+                        server_urls=(f"http://127.0.0.1:{REHEARSAL_ROUTER}",) * 2,
+                        group_size=4, tasks_per_step=4, max_turns=3, context_tokens=4096,
+                        max_new_tokens=32, enable_thinking=False, max_in_flight=16,
+                        weight_sync_dir=f"{out_dir}/weights"),
+        env_kwargs=(("sources", mixture(user, tau2_domains=("retail",),
+                                        qa_sets=("bamboogle_125", "aime_2024_2025"))),),
+        tools=tools(experts, search_backend="bm25", search_titles=titles, web=False),
+        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=4, sft_batch=8, steps=3,
+        out_dir=out_dir, checkpoint_every=1, eval_every=0)
+
+
+def _corpus_titles() -> list[str]:
+    import json
+    return list(json.loads((DATA / "corpus" / "wiki_summaries_en.json").read_text()))

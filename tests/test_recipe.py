@@ -1,0 +1,95 @@
+"""configs/toolorchestra.py: one recipe at every scale, the official hyper-parameters, the
+weighted task mixture and its shares in the metrics."""
+
+import dataclasses
+import pathlib
+
+import grain
+import numpy as np
+import pytest
+
+from orchestrax.train import setup
+from orchestrax.train.config import TrainConfig
+from orchestrax.train.main import load_config
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+SCALES = ("config", "config_one_h200", "config_multinode", "config_tpu", "config_rehearsal")
+
+
+def _load(spec: str) -> TrainConfig:
+    return load_config(str(CONFIGS / spec))
+
+
+def test_every_scale_loads_from_any_directory_and_shares_the_recipe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # configs import their siblings by path, not as a package
+    cfgs = {name: _load(f"toolorchestra.py:{name}") for name in SCALES}
+    full = cfgs["config"]
+    # The official run: lr 1e-6, 16 tasks x 8 rollouts, clip 0.2/0.28, dual clip 10, KL 1e-4,
+    # 24k context, 50 turns; SFT warm start, then GRPO on the mixture.
+    assert full.optim.lr == 1e-6
+    assert (full.rollout.tasks_per_step, full.rollout.group_size) == (16, 8)
+    assert (full.grpo.clip_low, full.grpo.clip_high, full.grpo.dual_clip) == (0.2, 0.28, 10.0)
+    assert full.grpo.kl_coef == 1e-4 and full.grpo.min_group_std == 0.1
+    assert (full.rollout.context_tokens, full.rollout.max_turns) == (24_000, 50)
+    assert full.sft_steps > 0 and full.steps > 0 and full.env == "mix"
+    assert full.instances.randomize is not None and full.instances.preferences
+    llms = {c.name: c.role for c in full.tools.llms}
+    assert {"math", "coder", "generalist"} == set(llms.values())
+    assert full.tools.python is not None and full.tools.search is not None
+    assert full.tools.web is not None
+    # Scale changes sizes and endpoints, never the recipe.
+    for name, c in cfgs.items():
+        assert [c_.name for c_ in c.tools.llms] == list(llms), name
+        assert (c.grpo.clip_low, c.grpo.clip_high, c.grpo.dual_clip, c.grpo.kl_coef,
+                c.grpo.min_group_std, c.optim.lr) == (0.2, 0.28, 10.0, 1e-4, 0.1, 1e-6), name
+        assert c.instances == full.instances and c.env == "mix", name
+        assert c.tools.sheet == full.tools.sheet and c.sft_steps > 0, name
+    assert cfgs["config_tpu"].out_dir.startswith("gs://")
+    assert _load("qwen3_tpu.py").out_dir.startswith("gs://")
+    assert _load("qwen3_8b_gpu.py") == full  # no second recipe
+    assert _load("qwen3_8b_gpu.py:config_one_h200") == cfgs["config_one_h200"]
+    assert len(cfgs["config_multinode"].rollout.server_urls) == 16
+    rehearsal = cfgs["config_rehearsal"]
+    assert rehearsal.model is not None and rehearsal.tools.search.backend == "bm25"
+    assert all(c.chat.base_url.startswith("http://127.0.0.1:") for c in rehearsal.tools.llms)
+
+
+def _mix_config(shared_data) -> TrainConfig:
+    ns = __import__("runpy").run_path(str(CONFIGS / "toolorchestra.py"))
+    sources = ns["mixture"](None, tau2_domains=("retail",),
+                            qa_sets=("bamboogle_125", "musique_500"), tool_share=0.5)
+    return dataclasses.replace(ns["config_rehearsal"](), tools=None,
+                               env_kwargs=(("sources", sources),))
+
+
+def test_mixture_shares_show_in_the_metrics_within_ten_percent(shared_data):
+    cfg = _mix_config(shared_data)
+    env = setup.make_env(cfg)
+    weights = dict(zip(env.names, env.weights))
+    assert weights == pytest.approx({"tau2_retail": 0.5, "qa_bamboogle_125": 0.25,
+                                     "qa_musique_500": 0.25})
+    tasks = env.tasks("train")
+    stream = iter(setup.task_stream(cfg, env, len(tasks)).to_iter_dataset(
+        grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    shares = {name: [] for name in env.names}
+    for _ in range(20):
+        step = [tasks[i] for i in next(stream)]
+        stats = env.stats(step, [[] for _ in step])  # what the loop logs for the step
+        for name in env.names:
+            shares[name].append(stats[f"mix/{name}"])
+    for name, w in weights.items():
+        assert abs(np.mean(shares[name]) - w) <= 0.1 * w, (name, np.mean(shares[name]), w)
+    # Each task goes to its own source: tau2 tasks get the domain's tools, QA tasks none here.
+    by_source = {t.metadata["source"]: t for t in tasks}
+    assert env.tools(by_source["tau2_retail"]) and not env.tools(by_source["qa_musique_500"])
+    assert env.user_for(by_source["qa_bamboogle_125"]) is None
+
+
+def test_bad_mixture_is_named():
+    base = _load("toolorchestra.py:config_rehearsal")
+    for sources, match in (((), "needs"), ((("a", 0.0, "qa", ()),), "weight=0.0"),
+                           ((("a", 1.0, "mix", ()),), "env='mix'; allowed"),
+                           ((("a", 1.0, "tau2", ()),), "needs \\('domain'"),
+                           ((("a", 1.0, "qa", ()), ("a", 1.0, "qa", ())), "repeat")):
+        with pytest.raises(ValueError, match=match):
+            base.replace(env_kwargs=(("sources", sources),))
