@@ -14,6 +14,7 @@ from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.core import at_turn_limit, evaluate
 from orchestrax.eval.metrics import preference_adherence, summarize
+from orchestrax.eval.records import EpisodeRecord
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.suite import EvalRun, run_eval, write_outputs
@@ -222,3 +223,21 @@ def test_subagent_runner_refuses_a_chat_policy_by_its_type():
     task = ts.tasks[0]
     with pytest.raises(ValueError, match="policy 'm' is a ChatPolicy, not token-in/token-out"):
         asyncio.run(run_subagent(task, ts.env, chat, ts.env.tools(task), cfg()))
+
+
+def test_preference_adherence_ignores_differences_below_the_floors():
+    """Hand-worked pairs on one tool, P = (0, outcome 0, compute 0, latency 1): a policy 1 ms
+    faster than the baseline (min-max over the pair used to make it 1.0, 1 ms slower 0.0) ties
+    it, 0; 2 s faster scores 1. Cost the same way with P_compute: 1e-5 $ cheaper ties, 1 cent
+    cheaper scores 1."""
+    def rec(task_id, latency, cost=0.01):
+        return EpisodeRecord(task_id=task_id, task_set="t", outcome=1.0, tool_cost_usd=cost,
+                             tool_latency_s=latency, calls={"x": 1}, tool_names=("x",),
+                             preference=(0.0, 0.0, 0.0, 1.0) if task_id.startswith("lat")
+                             else (0.0, 0.0, 1.0, 0.0))
+    base = [rec("lat-a", 5.0), rec("lat-b", 5.0), rec("cost-a", 5.0), rec("cost-b", 5.0)]
+    near = [rec("lat-a", 4.999), rec("lat-b", 5.001), rec("cost-a", 5.0, 0.01 - 1e-5),
+            rec("cost-b", 5.0, 0.01 + 1e-5)]
+    assert preference_adherence(near, base)["adherence"] == 0.0
+    far = [rec("lat-a", 3.0), rec("lat-b", 7.0), rec("cost-a", 5.0, 0.0), rec("cost-b", 5.0)]
+    assert preference_adherence(far, base)["adherence"] == pytest.approx((1 + 0 + 1 + 0) / 4)

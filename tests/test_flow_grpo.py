@@ -3,6 +3,7 @@ groups per task, loss only on the turn's sampled tokens, over-budget turns dropp
 advantages. Rewards and advantages are checked against numbers worked by hand."""
 
 import asyncio
+import dataclasses
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.rl import GRPOConfig
 from orchestrax.train.agent_config import AgentConfig
+from orchestrax.train.episodes import drop_stale
 from orchestrax.train.flow import flow_batch, preferences
 
 NAMES = ["web_searcher", "coder", "file_inspector"]
@@ -166,16 +168,18 @@ def test_preferences_and_config_errors():
 @pytest.mark.slow
 def test_flow_batch_drives_the_real_train_step(setup):
     """The per-turn batch goes through the jitted train step: the loss counts exactly the kept
-    rows' sampled tokens and the orchestrator's weights move."""
+    rows' sampled tokens, weighs them as Flow-GRPO does across micro-batches, and the
+    orchestrator's weights move."""
     import jax
 
-    from orchestrax import models
+    from orchestrax import models, rl
     from orchestrax.rl import OptimizerConfig, make_train_step
 
     batch, _ = build(setup)
     mcfg = models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64, num_heads=2,
                               num_kv_heads=1, head_dim=16)
-    step = make_train_step(mcfg, GRPOConfig(), OptimizerConfig(lr=1e-2, total_steps=10))
+    step = make_train_step(mcfg, GRPOConfig(agg="rollout-turn-token-mean", num_microbatches=2),
+                           OptimizerConfig(lr=1e-2, total_steps=10))
     params = models.init_params(mcfg, 0)
     before = jax.tree.map(np.asarray, params)
     state, metrics = step.step(step.init(params), batch)
@@ -183,5 +187,60 @@ def test_flow_batch_drives_the_real_train_step(setup):
     assert kept_tokens > 0
     assert float(metrics["policy_tokens"]) == kept_tokens
     assert float(metrics["grad_norm"]) > 0
+    # ratio 1 on the first update: loss = −Σ A_b · w_bt with the whole batch's Flow-GRPO weights
+    w = np.asarray(rl.token_weights(batch["loss_mask"] * batch["sample_mask"][:, None],
+                                    "rollout-turn-token-mean", rollout_ids=batch["rollout_ids"]))
+    want = -float(np.sum(batch["advantages"][:, None] * w))
+    assert float(metrics["loss_first"]) == pytest.approx(want, abs=1e-5)
     moved = jax.tree.map(lambda a, b: not np.allclose(a, np.asarray(b)), before, state.params)
     assert any(jax.tree.leaves(moved))
+
+
+class _Versioned(ScriptedSampler):
+    """The orchestrator's sampler reporting the weight version it served each turn from."""
+
+    def __init__(self, tok, turns, versions):
+        super().__init__(tok, turns)
+        self.versions = list(versions)
+
+    async def generate(self, requests):
+        k = self.calls
+        return [dataclasses.replace(r, weight_version=self.versions[k])
+                for r in await super().generate(requests)]
+
+
+def test_stale_orchestrator_turns_drop_their_rollout(tok, tmp_path):
+    """A forced stale sync: the trainer published "2", but one rollout's second orchestrator
+    turn came from a server still on "1". The turns record their versions, `drop_stale` fails
+    that rollout (it used to raise: SubagentRollout had no final_answer setter), and the Flow-GRPO
+    batch gives every one of its turns sample_mask 0; the fresh rollouts keep theirs."""
+    (tmp_path / "a.txt").write_text("alpha")
+    sub = ScriptedSampler(tok, script=lambda n, ids: (
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>'
+        if n % 2 == 0 else "<answer>alpha</answer>"))
+    codec = Codec(tok)
+    agents = build_subagents([FileReadTool([tmp_path / "a.txt"])], sub, codec)
+    t = task("A", preference=(0, 0, 1, 1, 0, 0))
+
+    def play(versions):
+        turns = [DISPATCH] * (len(versions) - 1) + ["<answer>done</answer>"]
+        orch = _Versioned(tok, turns, versions)
+        return asyncio.run(run_query(t, agents, orch, codec,
+                                     OrchestratorConfig(enable_thinking=False)))
+
+    # the last answers at once (a sampler that reports no version is trusted)
+    group = [play(["2", "2"]), play(["2", "1"]), play(["2", "2"]), play([""])]
+    assert [tr.weight_version for tr in group[1].turns] == ["2", "1"]
+    assert drop_stale(group, "2") == {"rollout/stale_trajectories": 1.0,
+                                      "rollout/stale_turns": 1.0}
+    assert group[1].final_answer is None and group[1].end_reason == "error"
+    assert "stale weights ['1']" in group[1].error
+    assert group[1].trajectory.final_answer is None
+    assert all(r.final_answer == "done" for r in (group[0], group[2], group[3]))
+    batch, _ = flow_batch([t], [group], np.ones((1, 4), np.float32), NAMES, GRPOConfig(),
+                          pad_id=PAD, max_turn_tokens=4096, row_multiple=8)
+    rows = batch["rollout_ids"]
+    assert set(rows[rows >= 0]) == {0, 1, 2, 3}
+    assert np.all(batch["sample_mask"][rows == 1] == 0)
+    # the others differ in dispatches (1, 1, 0), so their group survives the filters
+    assert np.all(batch["sample_mask"][(rows >= 0) & (rows != 1)] == 1)

@@ -39,13 +39,15 @@ def np_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg="toke
             per[b, t] = loss
     if agg == "token-mean":
         return (per * mask).sum() / max(mask.sum(), 1)
+    if agg == "seq-mean-token-sum-norm":     # Dr.GRPO: a constant divisor, every row counted
+        return (per * mask).sum() / (norm_len * B)
     seqs = []
     for b in range(B):
         n = mask[b].sum()
         if n == 0:
             continue
         s = (per[b] * mask[b]).sum()
-        seqs.append(s / n if agg == "seq-mean-token-mean" else s / norm_len)
+        seqs.append(s / n)
     return sum(seqs) / max(len(seqs), 1)
 
 
@@ -174,9 +176,8 @@ def test_token_weights_sum_and_split_exactly():
         assert np.all(w[mask == 0] == 0)
         if agg != "seq-mean-token-sum-norm":
             assert w.sum() == pytest.approx(1.0, abs=1e-6)
-        else:                        # each kept sequence: its token count / (norm_len · #seqs)
-            n_seq = int(np.sum(mask.sum(1) > 0))
-            assert w.sum() == pytest.approx(mask.sum() / (NORM_LEN * n_seq), abs=1e-6)
+        else:                        # every token 1 / (norm_len · B), dropped rows counted in B
+            np.testing.assert_allclose(w[mask > 0], 1 / (NORM_LEN * 8), rtol=1e-6)
 
 
 def test_metrics_gap_entropy_and_tis():
@@ -327,3 +328,70 @@ def test_contracts_add_nothing_to_the_compiled_program():
     finally:
         chex.enable_asserts()
     assert checked == unchecked
+
+
+def test_dr_grpo_per_token_scale_ignores_the_filter():
+    """Dr.GRPO divides by norm_len · B (every row): dropping half the rows (filtered samples
+    arrive as all-zero mask rows) leaves each remaining token's weight 1 / (10 · 4) — with a
+    divisor counting only non-empty rows it doubled to 1 / (10 · 2)."""
+    mask = np.array([[1, 1, 0], [1, 1, 1], [0, 1, 1], [1, 0, 0]], np.float32)
+    full = np.asarray(rl.token_weights(mask, "seq-mean-token-sum-norm", NORM_LEN))
+    half = mask.copy()
+    half[[0, 2]] = 0.0
+    filtered = np.asarray(rl.token_weights(half, "seq-mean-token-sum-norm", NORM_LEN))
+    np.testing.assert_allclose(full[mask > 0], 1 / 40, rtol=1e-6)
+    np.testing.assert_array_equal(filtered[half > 0], full[half > 0])
+    assert np.all(filtered[[0, 2]] == 0)
+
+
+def _turn_rows(turns_tokens):
+    """mask [B, T] and rollout ids [B]: one row per turn, `turns_tokens[i]` the token counts of
+    rollout i's turns."""
+    lens = [(i, n) for i, turns in enumerate(turns_tokens) for n in turns]
+    T = max(n for _, n in lens)
+    mask = np.zeros((len(lens), T), np.float32)
+    for row, (_, n) in enumerate(lens):
+        mask[row, :n] = 1.0
+    return mask, np.array([i for i, _ in lens], np.int32)
+
+
+# The rollouts of the review: 1x40, 2x40, 6x40 and 2x200 tokens (turns x tokens per turn).
+ROLLOUTS = [[40], [40, 40], [40] * 6, [200, 200]]
+
+
+def test_flow_grpo_weights_each_rollout_turn_and_token_equally():
+    mask, ids = _turn_rows(ROLLOUTS)
+    w = np.asarray(rl.token_weights(mask, "rollout-turn-token-mean", rollout_ids=ids))
+    share = [float(w[ids == i].sum()) for i in range(4)]
+    np.testing.assert_allclose(share, [0.25] * 4, rtol=1e-6)
+    # by hand: rollout 2's tokens get 1/4 (rollout) · 1/6 (turn) · 1/40 (token)
+    np.testing.assert_allclose(w[ids == 2][mask[ids == 2] > 0], 1 / (4 * 6 * 40), rtol=1e-6)
+    np.testing.assert_allclose(w[ids == 3][mask[ids == 3] > 0], 1 / (4 * 2 * 200), rtol=1e-6)
+    tm = np.asarray(rl.token_weights(mask, "token-mean"))
+    np.testing.assert_allclose([tm[ids == i].sum() for i in range(4)],
+                               np.array([40, 80, 240, 400]) / 760, rtol=1e-6)
+    # no rollout ids: every row is its own rollout (seq-mean-token-mean)
+    np.testing.assert_allclose(np.asarray(rl.token_weights(mask, "rollout-turn-token-mean")),
+                               np.asarray(rl.token_weights(mask, "seq-mean-token-mean")),
+                               rtol=1e-6)
+    # a filtered rollout leaves the others an equal third each
+    kept = mask * (ids != 1)[:, None]
+    w3 = np.asarray(rl.token_weights(kept, "rollout-turn-token-mean", rollout_ids=ids))
+    np.testing.assert_allclose([w3[ids == i].sum() for i in (0, 2, 3)], [1 / 3] * 3, rtol=1e-6)
+
+
+def test_balanced_group_net_push_is_zero_under_flow_grpo():
+    """At ratio 1 the loss gradient on token t of row b is −A_b · w_bt; their sum is the net push
+    on the policy. A balanced ±1 group pushes 0 under Flow-GRPO; under a token mean the long
+    rollouts win (hand-worked: (40 − 80 + 240 − 400) / 760)."""
+    mask, ids = _turn_rows(ROLLOUTS)
+    adv = np.array([1.0, -1.0, 1.0, -1.0], np.float32)[ids]
+    logp = np.full(mask.shape, -1.0, np.float32)
+
+    def push(agg):
+        g = jax.grad(lambda lp: rl.policy_loss(lp, logp, adv, mask, agg=agg,
+                                               rollout_ids=ids)[0])(jnp.asarray(logp))
+        return -float(jnp.sum(g))
+
+    assert push("rollout-turn-token-mean") == pytest.approx(0.0, abs=1e-7)
+    assert push("token-mean") == pytest.approx(-200 / 760, abs=1e-6)

@@ -9,8 +9,10 @@ from orchestrax import rl
 from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 
 
-def np_reward(counts, outcome, cost, latency, pref, scope="group", valid=None):
-    """Loop-by-loop reading of paper Eq. 2 with M = [counts, outcome, -cost, -latency]."""
+def np_reward(counts, outcome, cost, latency, pref, scope="group", valid=None,
+              floors=(1.0, 1.0, 1e-4, 1.0)):
+    """Loop-by-loop reading of paper Eq. 2 with M = [counts, outcome, -cost, -latency]; a spread
+    below its floor (calls, outcome, cost, latency) counts as none."""
     Q, G, N = counts.shape
     valid = np.ones((Q, G), bool) if valid is None else valid
     M = np.zeros((Q, G, N + 3))
@@ -29,7 +31,8 @@ def np_reward(counts, outcome, cost, latency, pref, scope="group", valid=None):
             for k in range(N + 3):
                 vals = [M[i, j, k] for i, j in members]
                 lo, hi = min(vals), max(vals)
-                x = 0.0 if hi == lo else (M[q, g, k] - lo) / (hi - lo)
+                floor = floors[0] if k < N else floors[k - N + 1]
+                x = 0.0 if hi - lo < floor or hi == lo else (M[q, g, k] - lo) / (hi - lo)
                 total += x * pref[q, k]
             R[q, g] = total
     return R
@@ -207,29 +210,31 @@ def test_features_from_trajectories():
 
     t0 = Trajectory(task_id="a", turns=[
         TurnRecord(text="", tool_calls=[call("search", 0.01, 2.0), call("gpt5", 0.5, 9.0)],
-                   generation_s=0.5),
+                   tokens_out=20, generation_s=0.5),
         TurnRecord(text="", tool_calls=[call("search", 0.01, 1.0), call("bogus", 0.0, 0.0)],
-                   generation_s=0.25)])
-    t1 = Trajectory(task_id="a", turns=[TurnRecord(text="answer", generation_s=3.0)])
-    counts, cost, lat = rl.features_from_trajectories([t0, t1], ["search", "gpt5"])
+                   tokens_out=5, generation_s=0.25)])
+    t1 = Trajectory(task_id="a", turns=[TurnRecord(text="answer", tokens_out=30,
+                                                   generation_s=3.0)])
+    counts, cost, lat = rl.features_from_trajectories([t0, t1], ["search", "gpt5"], 0.1)
     np.testing.assert_array_equal(counts, [[2, 1], [0, 0]])
     np.testing.assert_allclose(cost, [0.52, 0.0], rtol=1e-6)
-    # A turn's tools cost their slowest call (9 s, 1 s); the orchestrator's own generation time
-    # counts too (0.5 + 0.25 s; 3 s for the tool-free trajectory).
-    np.testing.assert_allclose(lat, [10.75, 3.0], rtol=1e-6)
+    # A turn's tools cost their slowest call (9 s, 1 s); the orchestrator's generation counts
+    # at 0.1 s per token (25 and 30 tokens), never its measured wall time (generation_s).
+    np.testing.assert_allclose(lat, [12.5, 3.0], rtol=1e-6)
 
 
 def test_latency_preference_sees_the_orchestrators_own_time():
-    """Two correct answers with the same 2 s tool call; one spent 1 s generating, the other 9 s.
-    Latency [3, 11] -> -latency normalised [1, 0]; with P = latency only, R = [1, 0]. Counting
-    tool time alone made the two equal (R = [0, 0]): a slow orchestrator was never penalised."""
-    def t(gen_s):
+    """Two correct answers with the same 2 s tool call; one generated 10 tokens, the other 90,
+    at 0.1 s per token. Latency [3, 11] -> -latency normalised [1, 0]; with P = latency only,
+    R = [1, 0]. The measured sampler time (queueing: the short one waited longer here) plays
+    no part."""
+    def t(tokens, wall_s):
         return Trajectory(task_id="t", final_answer="x", turns=[TurnRecord(
-            text="", generation_s=gen_s, tool_calls=[ToolCallRecord(
+            text="", tokens_out=tokens, generation_s=wall_s, tool_calls=[ToolCallRecord(
                 name="search", arguments={}, observation="", latency=2.0)])])
-    s = rl.score_groups([[t(1.0), t(9.0)]], np.ones((1, 2)), [["search"]],
-                        [[0.0, 0.0, 0.0, 1.0]], rl.GRPOConfig())
-    np.testing.assert_allclose(s.features.latency_QG, [[3.0, 11.0]])
+    s = rl.score_groups([[t(10, 50.0), t(90, 1.0)]], np.ones((1, 2)), [["search"]],
+                        [[0.0, 0.0, 0.0, 1.0]], rl.GRPOConfig(), seconds_per_token=0.1)
+    np.testing.assert_allclose(s.features.latency_QG, [[3.0, 11.0]], rtol=1e-6)
     np.testing.assert_allclose(s.reward_QG, [[1.0, 0.0]], atol=1e-6)
 
 
@@ -283,3 +288,33 @@ def test_group_features_outcome_cost_and_bad_inputs():
         rl.group_features([[traj(), traj()], [traj()]], [[], []], [[1.0, 0, 0], [1.0, 0, 0]])
     with pytest.raises(ValueError, match="tool_names has duplicates"):
         rl.group_features([[traj()]], [["a", "a"]], [[0.0] * 5])
+
+
+def test_spread_below_resolution_counts_as_constant():
+    """Hand-worked: latencies 10.0 / 10.4 / 10.9 s spread 0.9 s < the 1 s quantum, so latency
+    is constant (0) and R is 0 everywhere; 10.0 / 10.4 / 11.0 spread 1 s and -latency min-maxes
+    to 1, 0.6, 0. Cost the same way: 1.00 / 1.005 / 1.009 cents spread below a hundredth of a
+    cent (1e-4 $); 1.00 / 1.02 cents do not: 1 and 0."""
+    counts, outcome = np.zeros((1, 3, 1)), np.ones((1, 3))
+    lat_pref = np.array([[0, 0, 0, 1.0]])
+    R = rl.toolorchestra_reward(counts, outcome, np.zeros((1, 3)),
+                                np.array([[10.0, 10.4, 10.9]]), lat_pref)
+    np.testing.assert_array_equal(np.asarray(R), [[0.0, 0.0, 0.0]])
+    R = rl.toolorchestra_reward(counts, outcome, np.zeros((1, 3)),
+                                np.array([[10.0, 10.4, 11.0]]), lat_pref)
+    np.testing.assert_allclose(np.asarray(R), [[1.0, 0.6, 0.0]], atol=1e-5)
+    cost_pref = np.array([[0, 0, 1.0, 0]])
+    R = rl.toolorchestra_reward(counts, outcome, np.array([[0.0100, 0.01005, 0.01009]]),
+                                np.zeros((1, 3)), cost_pref)
+    np.testing.assert_array_equal(np.asarray(R), [[0.0, 0.0, 0.0]])
+    R = rl.toolorchestra_reward(counts[:, :2], outcome[:, :2], np.array([[0.0100, 0.0102]]),
+                                np.zeros((1, 2)), cost_pref)
+    np.testing.assert_allclose(np.asarray(R), [[1.0, 0.0]], atol=1e-5)
+    # a custom quantum: 0.1 s makes the 0.9 s spread a difference again
+    R = rl.toolorchestra_reward(counts, outcome, np.zeros((1, 3)),
+                                np.array([[10.0, 10.4, 10.9]]), lat_pref,
+                                resolution=rl.Resolution(latency_s=0.1))
+    np.testing.assert_allclose(np.asarray(R), [[1.0, 0.5 / 0.9, 0.0]], atol=1e-5)
+    with pytest.raises(ValueError, match=r"Resolution.latency_s=-1; must be a number >= 0"):
+        rl.toolorchestra_reward(counts, outcome, np.zeros((1, 3)), np.zeros((1, 3)), lat_pref,
+                                resolution=rl.Resolution(latency_s=-1))

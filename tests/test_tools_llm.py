@@ -3,6 +3,7 @@ OpenAI-shaped aiohttp server for the behaviours a random tiny model cannot show 
 errors, <think> stripping)."""
 
 import asyncio
+import dataclasses
 import shutil
 
 import pytest
@@ -148,3 +149,31 @@ def test_config_validation():
                               chat=ChatEndpoint(base_url="http://h", model="m")), Pricing())
     assert extract_code("no code") is None
     assert extract_code("```py\nx = 1\n```") == "x = 1"
+
+
+def test_latency_is_the_sheets_figure_never_the_response_time():
+    """At the sheet's 0.1 s per output token a reply of n tokens costs 0.1·n s, whatever the
+    endpoint took; a sheet without a speed charges the nominal 5 s per call. `reprice` carries
+    the speed of the new sheet's model."""
+    from orchestrax.tools.randomize import reprice
+    from orchestrax.tools.sheets import sheet_from_json
+
+    sheet = sheet_from_json({"name": "s", "split": "train", "models": {"gpt-5": {
+        "provider": "p", "usd_per_m_input": 1.25, "usd_per_m_output": 10.0,
+        "seconds_per_output_token": 0.1}}})
+
+    async def scenario(tool):
+        async with replying("The answer is 42.") as srv:
+            tool.config = dataclasses.replace(
+                tool.config, chat=dataclasses.replace(tool.config.chat, base_url=srv.base_url))
+            return await tool({"query": "6*7?"})
+
+    plain = tool_for("http://unused")
+    assert asyncio.run(scenario(plain)).latency == 5.0
+    timed = reprice(plain, sheet)
+    res = asyncio.run(scenario(timed))
+    assert res.output_tokens > 0 and res.latency == pytest.approx(0.1 * res.output_tokens)
+    with pytest.raises(ValueError, match=r"ModelPrice.seconds_per_output_token=-1; must be None"):
+        sheet_from_json({"name": "s", "split": "train", "models": {"m": {
+            "provider": "p", "usd_per_m_input": 1, "usd_per_m_output": 1,
+            "seconds_per_output_token": -1}}})

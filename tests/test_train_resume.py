@@ -37,9 +37,10 @@ def config(out_dir, *, sft_steps=0, steps=RL_STEPS, init_from=None):
                                   total_steps=max(sft_steps, 4), weight_decay=0.0),
         rollout=RolloutConfig(group_size=4, tasks_per_step=4, max_new_tokens=64, max_turns=2,
                               context_tokens=768, enable_thinking=False),
-        # 6 tasks, 4 a step: epochs turn over. P weighs cost, not latency: the latency feature
-        # includes measured generation time, which no rerun reproduces.
-        env_kwargs=(("num_train", 6), ("num_eval", 2), ("preferences", ("cost",))),
+        # 6 tasks, 4 a step: epochs turn over. P weighs latency: its feature is the episode's
+        # deterministic clock (tokens x seconds per token + tools' latency), so the resumed run
+        # must reproduce every reward.
+        env_kwargs=(("num_train", 6), ("num_eval", 2), ("preferences", ("latency",))),
         sft_steps=sft_steps, sft_batch=16, steps=steps, checkpoint_every=1, eval_every=0)
 
 
@@ -77,10 +78,11 @@ def _final(out):
 
 
 def _rows(out):
-    """Metrics rows without the wall-clock ones (step times; latency includes generation time)."""
+    """Metrics rows without the wall-clock ones (step times, measured sampler time); the
+    latency feature and the rewards stay in."""
     rows = [json.loads(x) for x in (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "latency_mean"}
-            for r in rows]
+    return [{k: v for k, v in r.items()
+             if not k.startswith("time_") and k != "generation_wall_s_mean"} for r in rows]
 
 
 @pytest.mark.slow
@@ -104,6 +106,7 @@ def test_sigkill_mid_rl_resumes_bit_exactly(tmp_path):
     rl = [r for r in rows_a if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == list(range(1, RL_STEPS + 1))
     assert all(r["filter/kept"] > 0 and r["grad_norm"] > 0 and r["skipped"] == 0 for r in rl)
+    assert all(r["latency_mean"] > 0 for r in rl)   # the feature the latency-weighted P reads
     # The RL phase moved the params away from the warm start.
     _, warm_state, _ = _final(warm)
     embed = lambda s: np.asarray(s["params"]["embed"] if isinstance(s, dict) else s[0]["embed"])

@@ -49,6 +49,7 @@ class TurnRecord:
     tokens_in: int = 0         # context length the sampler saw
     tokens_out: int = 0        # tokens it generated
     generation_s: float = 0.0  # wall-clock seconds of the sampler call that produced the turn
+                               # (a metric: queueing and machine load are in it)
     weight_version: str = ""   # the policy version the sampler reported ("" if it did not)
 
 
@@ -85,10 +86,21 @@ class Trajectory:
 
     @property
     def generation_s(self) -> float:
-        """Wall-clock seconds the policy itself spent generating (measured around each sampler
-        call, queueing at the sampler included); the orchestrator's share of the episode's
-        clock, next to the tools' `latency`."""
+        """Wall-clock seconds the policy spent generating, measured around each sampler call
+        (queueing at the sampler included): a metric, never reward — see `clock_s`."""
         return sum(t.generation_s for t in self.turns)
+
+    @property
+    def tokens_out(self) -> int:
+        """Tokens the policy generated, over every turn."""
+        return sum(t.tokens_out for t in self.turns)
+
+    def clock_s(self, seconds_per_token: float) -> float:
+        """The episode's deterministic clock (the reward's latency): the tools' `latency` plus
+        `seconds_per_token` for every generated token, the policy's speed from the pricing
+        sheet or a measured profile. The same trajectory always gets the same clock, whoever
+        shared the sampler with it and however loaded the machine was."""
+        return self.latency + seconds_per_token * self.tokens_out
 
     @property
     def format_errors(self) -> int:

@@ -4,7 +4,9 @@ calls per tool (Table 15), and preference adherence (Appendix L, Eq. 6).
 Preference adherence, as computed here: for each task that has a preference vector P, the
 policy's trajectory and the baseline's trajectory on the same task form a group of two; each
 feature of M = [calls per tool…, outcome, −cost, −latency] is min–max normalised over the pair
-(a feature equal in both counts 0), and the score is M_norm · P when the policy solved the task,
+(a feature equal in both, or apart by less than its resolution floor — `rl.RESOLUTION`: one
+tool call, a hundredth of a cent, one second — counts 0, so 1 ms of timing noise never decides
+a task), and the score is M_norm · P when the policy solved the task,
 else 0: the paper's training reward (Eq. 2) with the baseline as the only other member of the
 group. The mean over tasks is reported: a policy that behaves exactly like the baseline scores
 0, one that beats it on everything P weighs scores sum(P) on that task. The paper text at hand

@@ -9,12 +9,14 @@ from orchestrax.rl.mfu import mfu, peak_flops, train_flops
 from orchestrax.rl.optim import lr_schedule, make_optimizer
 from orchestrax.rl.state import TrainState, batch_shardings, init_state, state_shardings
 from orchestrax.rl.train_step import TrainStep, make_train_step
-from orchestrax.rl.reward import (GroupFeatures, features_from_trajectories, group_features,
-                                  outcome_reward, toolorchestra_reward)
+from orchestrax.rl.reward import (RESOLUTION, GroupFeatures, Resolution,
+                                  features_from_trajectories, group_features, outcome_reward,
+                                  toolorchestra_reward)
 from orchestrax.rl.scoring import GroupScores, score_groups
 
 __all__ = [
-    "GRPOConfig", "GroupFeatures", "GroupScores", "OptimizerConfig", "TrainState", "TrainStep",
+    "GRPOConfig", "GroupFeatures", "GroupScores", "OptimizerConfig", "RESOLUTION", "Resolution",
+    "TrainState", "TrainStep",
     "batch_shardings", "compute_advantages", "dr_grpo_advantages", "features_from_trajectories",
     "group_advantages", "group_features", "group_mean_std", "has_final_answer",
     "homogeneity_mask", "init_state", "kl_penalty", "lr_schedule", "make_optimizer",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+             "rollout-turn-token-mean")
 KL_ESTIMATORS = ("k1", "k3", "mse")
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 REWARD_SCOPES = ("group", "batch")
@@ -37,7 +38,7 @@ class GRPOConfig:
     log_ratio_clamp: float = 20.0           # |log ratio| cap before exp, for float safety
     agg: str = "token-mean"
     norm_len: int | None = None             # seq-mean-token-sum-norm's fixed divisor (required
-                                            # there, e.g. the maximum response length)
+                                            # there: the maximum response length), times B rows
     kl: str = "k3"
     kl_coef: float = 0.0                    # 1e-4 is the usual value when a reference is used
     tis_cap: float | None = None            # truncated importance weight cap vs sampler logprobs
@@ -53,6 +54,10 @@ class GRPOConfig:
     # Filters and reward.
     min_group_std: float = 0.1
     reward_scope: str = "group"
+    # Resolution floors of the reward's features (a smaller spread over the scope is no
+    # difference): dollars and seconds; a tool call's floor is one call.
+    cost_resolution: float = 1e-4
+    latency_resolution: float = 1.0
     # Batching: one call of train_step = ppo_epochs × num_minibatches optimizer updates, each
     # accumulating gradients over num_microbatches micro-batches.
     ppo_epochs: int = 1
@@ -89,6 +94,8 @@ class GRPOConfig:
                "None or > 0")
         _check(self.min_group_std >= 0, n, "min_group_std", self.min_group_std, ">= 0")
         check_choice(n, "reward_scope", self.reward_scope, REWARD_SCOPES)
+        for f in ("cost_resolution", "latency_resolution"):
+            _check(getattr(self, f) >= 0, n, f, getattr(self, f), ">= 0")
         for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
             v = getattr(self, f)
             _check(isinstance(v, int) and v >= 1, n, f, v, "an int >= 1")

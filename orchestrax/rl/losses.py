@@ -22,25 +22,40 @@ Metrics = dict[str, jax.Array]
 _sg = jax.lax.stop_gradient
 
 
-def token_weights(mask_BT: chex.Array, agg: str = "token-mean", norm_len: int | None = None
-                  ) -> jax.Array:
+def token_weights(mask_BT: chex.Array, agg: str = "token-mean", norm_len: int | None = None,
+                  rollout_ids: chex.Array | None = None) -> jax.Array:
     """[B,T] float32 weights w with loss = Σ loss_bt · w_bt.
 
-    token-mean: 1 / (#tokens in batch). seq-mean-token-mean: 1 / (#tokens in seq · #seqs).
-    seq-mean-token-sum-norm (Dr.GRPO): 1 / (norm_len · #seqs) with a fixed norm_len (required).
-    #seqs counts sequences with at least one policy token (dropped samples do not dilute).
+    token-mean: 1 / (#tokens in batch). seq-mean-token-mean: 1 / (#tokens in seq · #seqs), #seqs
+    counting sequences with at least one policy token.
+    seq-mean-token-sum-norm (Dr.GRPO): 1 / (norm_len · B), a constant: norm_len is the configured
+    maximum length and B every row of the batch, filtered or not (its configured Q·G), so
+    filtering samples never changes the per-token scale.
+    rollout-turn-token-mean (Flow-GRPO): rows are turns, `rollout_ids` [B] names each row's
+    rollout (default: each row its own); each rollout with a policy token weighs 1 / #rollouts,
+    each of its turns 1 / #turns of it, each token 1 / #tokens of its turn.
     """
     check_choice("policy_loss", "agg", agg, AGG_MODES)
     _check_norm_len("policy_loss", agg, norm_len)
     contracts.check_rank("token_weights", "mask", mask_BT, 2, "[B,T]")
     m = jnp.asarray(mask_BT, jnp.float32)
     n_b = jnp.sum(m, axis=-1, keepdims=True)
-    n_seq = jnp.maximum(jnp.sum(n_b > 0), 1).astype(jnp.float32)
     if agg == "token-mean":
         return m / jnp.maximum(jnp.sum(n_b), 1.0)
+    if agg == "seq-mean-token-sum-norm":
+        return m / (float(norm_len) * m.shape[0])
+    per_token = m / jnp.maximum(n_b, 1.0)
+    live_B = n_b[:, 0] > 0
     if agg == "seq-mean-token-mean":
-        return m / jnp.maximum(n_b, 1.0) / n_seq
-    return m / float(norm_len) / n_seq
+        return per_token / jnp.maximum(jnp.sum(live_B), 1).astype(jnp.float32)
+    ids_B = (jnp.arange(m.shape[0]) if rollout_ids is None else jnp.asarray(rollout_ids))
+    contracts.check_shape("token_weights", "rollout_ids", ids_B, (m.shape[0],),
+                          f"[B] = ({m.shape[0]},), one per row of mask")
+    # turns_B: live turns of each row's rollout; Σ_b 1/turns_b over live rows = #rollouts.
+    same_BB = (ids_B[:, None] == ids_B[None, :]) & live_B[None, :]
+    turns_B = jnp.maximum(jnp.sum(same_BB, axis=1), 1).astype(jnp.float32)
+    rollouts = jnp.maximum(jnp.sum(jnp.where(live_B, 1.0 / turns_B, 0.0)), 1.0)
+    return per_token / (turns_B * rollouts)[:, None]
 
 
 def _check_norm_len(owner: str, agg: str, norm_len: int | None) -> None:
@@ -162,19 +177,21 @@ def policy_loss(logprobs: chex.Array, old_logprobs: chex.Array, advantages: chex
                 kl_coef: float = 0.0, kl: str = "k3", *, dual_clip: float | None = 10.0,
                 log_ratio_clamp: float = 20.0, norm_len: int | None = None,
                 sampler_logprobs: chex.Array | None = None, tis_cap: float | None = None,
-                entropy: chex.Array | None = None) -> tuple[jax.Array, Metrics]:
+                entropy: chex.Array | None = None, rollout_ids: chex.Array | None = None
+                ) -> tuple[jax.Array, Metrics]:
     """Clipped-surrogate GRPO/PPO loss (to minimise) and metrics.
 
     logprobs, old_logprobs, mask, ref/sampler logprobs, entropy: [B,T]; advantages: [B].
     Per token: r = exp(clamp(logp − old)), loss = max(−A·r, −A·clip(r, 1−clip_low, 1+clip_high)),
     capped at −A·dual_clip when A < 0, times the truncated IS weight min(π_old/π_sampler, tis_cap)
-    when both are given, plus kl_coef·KL(π‖π_ref); aggregated by `agg`.
+    when both are given, plus kl_coef·KL(π‖π_ref); aggregated by `agg` (`rollout_ids` [B]: the
+    rollout of each row, for agg="rollout-turn-token-mean").
     """
     check_choice("policy_loss", "agg", agg, AGG_MODES)
     check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
-    w = token_weights(mask, agg, norm_len)
+    w = token_weights(mask, agg, norm_len, rollout_ids)
     mw = token_weights(mask, "token-mean")
     return policy_loss_weighted(
         logprobs, old_logprobs, advantages, mask, w, mw, clip_low=clip_low,

@@ -4,7 +4,10 @@ Letters: Q tasks, G rollouts per task, N tools, F = N + 3 features.
 Features M = [calls per tool…, outcome, −cost, −latency]. The minus signs are applied *before*
 min–max normalisation, so after normalising a cheaper (faster) trajectory has the larger
 feature and a positive p_compute (p_latency) rewards it. Min–max is scale invariant, so cost and
-latency units (dollars/cents, seconds/minutes) do not matter.
+latency units (dollars/cents, seconds/minutes) do not matter — except for the resolution floors
+(`Resolution`, in dollars and seconds): a feature whose spread over the scope is below its floor
+counts as constant, so differences no policy decision made (rounding, a machine's timing noise)
+are never stretched to the full 0..1 range and turned into reward.
 """
 
 from __future__ import annotations
@@ -19,6 +22,25 @@ import numpy as np
 
 from orchestrax.rl import contracts
 from orchestrax.rl.config import REWARD_SCOPES, check_choice
+
+
+class Resolution(NamedTuple):
+    """The smallest spread of each feature over a scope that counts as a difference."""
+    calls: float = 1.0         # one tool call
+    outcome: float = 1.0       # right vs wrong
+    cost_usd: float = 1e-4     # a hundredth of a cent: per-second prices of measured tool time
+    latency_s: float = 1.0     # the latency quantum: real tools' measured time jitters below it
+
+    def floors(self, n_tools: int) -> np.ndarray:
+        """[N+3] float32 floors in feature order (calls per tool…, outcome, cost, latency)."""
+        for name, v in self._asdict().items():
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"Resolution.{name}={v!r}; must be a number >= 0")
+        return np.array([self.calls] * n_tools + [self.outcome, self.cost_usd, self.latency_s],
+                        np.float32)
+
+
+RESOLUTION = Resolution()
 
 
 def _concrete(x: Any) -> bool:
@@ -37,8 +59,10 @@ def feature_matrix(tool_counts_QGN: jax.Array, outcome_QG: jax.Array, cost_QG: j
     ], axis=-1)
 
 
-def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str) -> jax.Array:
-    """Min–max each feature to [0,1] over valid members of the scope; constant feature -> 0.
+def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str,
+                     floor_F: jax.Array | None = None) -> jax.Array:
+    """Min–max each feature to [0,1] over valid members of the scope; a constant feature, or one
+    whose spread is below its floor (`floor_F` [F], default 0), -> 0.
 
     scope "group": over the G rollouts of each task; "batch": over all Q·G rollouts.
     Invalid members neither set the range nor get a non-zero value.
@@ -50,6 +74,8 @@ def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str) -> jax.A
     hi = jnp.max(jnp.where(v, M_QGF, -jnp.inf), axis=axes, keepdims=True)
     rng = hi - lo
     ok = jnp.isfinite(rng) & (rng > 0)                 # empty scope gives inf - inf = nan
+    if floor_F is not None:
+        ok = ok & (rng >= jnp.asarray(floor_F, jnp.float32))
     safe = jnp.where(ok, rng, 1.0)
     norm = jnp.where(ok, (M_QGF - jnp.where(ok, lo, 0.0)) / safe, 0.0)
     return jnp.where(v, norm, 0.0)
@@ -57,8 +83,10 @@ def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str) -> jax.A
 
 def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: chex.Array,
                          latency: chex.Array, preference: chex.Array, scope: str = "group",
-                         valid: chex.Array | None = None) -> jax.Array:
-    """R[Q,G] = M_norm · P for correct rollouts, 0 otherwise.
+                         valid: chex.Array | None = None,
+                         resolution: Resolution = RESOLUTION) -> jax.Array:
+    """R[Q,G] = M_norm · P for correct rollouts, 0 otherwise; features spread less than their
+    `resolution` over the scope count as constant.
 
     tool_counts [Q,G,N] calls per tool; outcome [Q,G] in {0,1}; cost [Q,G] dollars (≥ 0);
     latency [Q,G] seconds (≥ 0); preference [Q,N+3] in [0,1], ordered (tools…, outcome, compute,
@@ -87,13 +115,14 @@ def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: che
         contracts.check_shape(owner, "valid", valid, (Q, G),
                               f"[Q,G] = ({Q}, {G}) like tool_counts")
     valid_QG = jnp.ones((Q, G), bool) if valid is None else jnp.asarray(valid, bool)
-    return _reward(tool_counts, outcome, cost, latency, preference, valid_QG, scope)
+    return _reward(tool_counts, outcome, cost, latency, preference, valid_QG,
+                   resolution.floors(N), scope)
 
 
 @functools.partial(jax.jit, static_argnames="scope")
-def _reward(tool_counts, outcome, cost, latency, preference, valid_QG, scope):
+def _reward(tool_counts, outcome, cost, latency, preference, valid_QG, floor_F, scope):
     M = feature_matrix(tool_counts, outcome, cost, latency)
-    R = jnp.einsum("qgf,qf->qg", minmax_normalize(M, valid_QG, scope), preference)
+    R = jnp.einsum("qgf,qf->qg", minmax_normalize(M, valid_QG, scope, floor_F), preference)
     return jnp.where((outcome == 1) & valid_QG, R, 0.0)
 
 
@@ -103,13 +132,15 @@ def outcome_reward(outcome: jax.Array, valid: jax.Array | None = None) -> jax.Ar
     return R if valid is None else jnp.where(jnp.asarray(valid, bool), R, 0.0)
 
 
-def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence[str]
+def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence[str],
+                               seconds_per_token: float = 0.0
                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(counts [n,N] int32, cost [n] dollars, latency [n] seconds) from agent Trajectories.
 
     Column i counts calls to `tool_names[i]`; calls to other names are not counted (the agent
-    records them as format errors). Latency is the paper's Clock(τ): the tools' wall-clock time
-    plus the orchestrator's own measured generation time (`Trajectory.generation_s`).
+    records them as format errors). Latency is the paper's Clock(τ), made deterministic:
+    `Trajectory.clock_s(seconds_per_token)`, the tools' latency plus the policy's generated
+    tokens at `seconds_per_token` (never the measured sampler wall time, which is queueing).
     """
     index = {name: i for i, name in enumerate(tool_names)}
     if len(index) != len(tool_names):
@@ -120,7 +151,7 @@ def features_from_trajectories(trajectories: Sequence[Any], tool_names: Sequence
             if call.name in index:
                 counts[row, index[call.name]] += 1
     cost = np.array([t.cost for t in trajectories], np.float32)
-    latency = np.array([t.latency + t.generation_s for t in trajectories], np.float32)
+    latency = np.array([t.clock_s(seconds_per_token) for t in trajectories], np.float32)
     return counts, cost, latency
 
 
@@ -134,13 +165,15 @@ class GroupFeatures(NamedTuple):
 
 
 def group_features(groups: Sequence[Sequence[Any]], tool_names: Sequence[Sequence[str]],
-                   preferences: Sequence[Sequence[float]]) -> GroupFeatures:
+                   preferences: Sequence[Sequence[float]], seconds_per_token: float = 0.0
+                   ) -> GroupFeatures:
     """Features of each task's group over the union of the tasks' tools, one column per tool
     name. With per-instance tool subsets, column j must mean the same tool in every row, or
     `reward_scope="batch"` min–maxes one tool's calls against another's.
 
     tool_names[q] lists task q's tools; preferences[q] is ordered (those tools…, outcome,
     compute, latency). A tool task q lacks gets count 0 and preference 0 in q's rows.
+    `seconds_per_token`: the policy's generation speed in the latency feature.
     """
     Q = len(groups)
     if not (len(tool_names) == len(preferences) == Q):
@@ -159,7 +192,7 @@ def group_features(groups: Sequence[Sequence[Any]], tool_names: Sequence[Sequenc
     pref = np.zeros((Q, N + 3), np.float32)
     for q, (group, names, p) in enumerate(zip(groups, tool_names, preferences)):
         idx = [col[name] for name in names]
-        c, cost[q], latency[q] = features_from_trajectories(group, names)
+        c, cost[q], latency[q] = features_from_trajectories(group, names, seconds_per_token)
         counts[q][:, idx] = c
         if p is None:
             raise ValueError(f"preferences[{q}] is None; every task needs its preference vector "

@@ -15,7 +15,7 @@ from orchestrax.rl import contracts
 from orchestrax.rl.advantages import compute_advantages
 from orchestrax.rl.config import GRPOConfig
 from orchestrax.rl.filters import has_final_answer, sample_mask
-from orchestrax.rl.reward import GroupFeatures, group_features, toolorchestra_reward
+from orchestrax.rl.reward import GroupFeatures, Resolution, group_features, toolorchestra_reward
 
 
 class GroupScores(NamedTuple):
@@ -30,14 +30,16 @@ class GroupScores(NamedTuple):
 
 def score_groups(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
                  tool_names: Sequence[Sequence[str]],
-                 preferences: Sequence[Sequence[float]], gcfg: GRPOConfig) -> GroupScores:
+                 preferences: Sequence[Sequence[float]], gcfg: GRPOConfig,
+                 seconds_per_token: float = 0.0) -> GroupScores:
     """Rewards, filters and advantages of Q groups of G trajectories.
 
     outcome_QG: 1 where the verifier accepted the trajectory, else 0. tool_names[q] and
-    preferences[q] as in `group_features`. Trajectories need `tool_calls`, `cost`, `latency`,
-    `format_errors` and `final_answer`.
+    preferences[q] as in `group_features`. Trajectories need `tool_calls`, `cost`, `clock_s`,
+    `format_errors` and `final_answer`; `seconds_per_token` times their generated tokens.
     """
-    feats = group_features(groups, tool_names, preferences)   # checks that the groups are Q × G
+    feats = group_features(groups, tool_names, preferences,   # checks that groups are Q × G
+                           seconds_per_token)
     outcome_QG = np.asarray(outcome_QG, np.float32)
     contracts.check_shape("score_groups", "outcome_QG", outcome_QG, feats.cost_QG.shape,
                           f"[Q,G] = {feats.cost_QG.shape}, Q groups of G trajectories")
@@ -45,7 +47,9 @@ def score_groups(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
     answered = np.array([[has_final_answer(tr.final_answer) for tr in gr] for gr in groups])
     valid = (fmt == 0) & answered
     R = toolorchestra_reward(feats.counts_QGN, outcome_QG, feats.cost_QG, feats.latency_QG,
-                             feats.preference_QF, scope=gcfg.reward_scope, valid=valid)
+                             feats.preference_QF, scope=gcfg.reward_scope, valid=valid,
+                             resolution=Resolution(cost_usd=gcfg.cost_resolution,
+                                                   latency_s=gcfg.latency_resolution))
     keep, counters = sample_mask(R, format_errors=fmt, has_answer=answered,
                                  min_std=gcfg.min_group_std)
     A = compute_advantages(R, gcfg.adv_estimator, eps=gcfg.adv_eps, ddof=gcfg.adv_ddof,

@@ -7,7 +7,8 @@ Batch (all [B,T] aligned with `tokens`, position t = token t predicted from toke
   tokens int32, attention_mask, loss_mask (1 on policy tokens), advantages [B],
   optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: recomputed with the
   current params before the first update), sampler_logprobs (gap metric, truncated IS),
-  ref_logprobs (needed when kl_coef > 0); objective "sft" only: segment_ids + positions for
+  ref_logprobs (needed when kl_coef > 0), rollout_ids [B] (int, the rollout of each row when rows
+  are turns: agg="rollout-turn-token-mean"); objective "sft" only: segment_ids + positions for
   packed rows (several sequences per row, each attending only to itself; models.hidden_states).
 One call runs ppo_epochs × num_minibatches optimizer updates, each accumulating gradients over
 num_microbatches micro-batches whose loss weights come from the whole minibatch, so accumulation
@@ -38,7 +39,8 @@ from orchestrax.rl.state import (Batch, TrainState, batch_shardings, data_parall
 
 Metrics = dict[str, jax.Array]
 _ROW_KEYS = ("tokens", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
-             "ref_logprobs", "advantages", "sample_mask", "segment_ids", "positions")
+             "ref_logprobs", "advantages", "sample_mask", "segment_ids", "positions",
+             "rollout_ids")
 _PACKED_KEYS = ("segment_ids", "positions")
 
 
@@ -61,12 +63,12 @@ def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
     contracts.check_rank("train_step", "batch['tokens']", batch["tokens"], 2, "[B,T]")
     B, T = batch["tokens"].shape
     for k, v in batch.items():
-        if k in ("advantages", "sample_mask"):
+        if k in ("advantages", "sample_mask", "rollout_ids"):
             contracts.check_shape("train_step", f"batch[{k!r}]", v, (B,), f"[B] = ({B},)")
         else:
             contracts.check_shape("train_step", f"batch[{k!r}]", v, (B, T),
                                   f"[B,T] = {(B, T)} like batch['tokens']")
-        if k in ("tokens", "segment_ids", "positions"):
+        if k in ("tokens", "segment_ids", "positions", "rollout_ids"):
             contracts.check_integer("train_step", f"batch[{k!r}]", v)
     n = gcfg.num_minibatches * gcfg.num_microbatches
     if B % n:
@@ -180,8 +182,11 @@ def _with_loss_weights(mb: Batch, gcfg: GRPOConfig) -> Batch:
     mask_MKbT = mb["mask"]
     M = mask_MKbT.shape[0]
     flat_MNT = mask_MKbT.reshape((M, -1, mask_MKbT.shape[-1]))
+    ids = mb.get("rollout_ids")
+    flat_ids = (jnp.broadcast_to(jnp.arange(flat_MNT.shape[1]), flat_MNT.shape[:2]) if ids is None
+                else ids.reshape((M, -1)))
     per_mb = lambda agg, n=None: jax.vmap(  # noqa: E731
-        lambda m: token_weights(m, agg, n))(flat_MNT).reshape(mask_MKbT.shape)
+        lambda m, r: token_weights(m, agg, n, r))(flat_MNT, flat_ids).reshape(mask_MKbT.shape)
     return {**mb, "w": per_mb(gcfg.agg, gcfg.norm_len), "mw": per_mb("token-mean")}
 
 
@@ -232,7 +237,9 @@ def _update_or_skip(opt: optax.GradientTransformation, params, opt_state, grads,
 
 def _summarise(met_EM: Metrics, keep_B: jax.Array) -> Metrics:
     """Per-update metrics [E, M] -> scalars: means (max for '*_max'), skip/empty counts, the first
-    update's loss and log-ratio (exactly 0 when old logprobs were recomputed)."""
+    update's loss and log-ratio. With old logprobs recomputed that log-ratio is 0 only up to
+    rounding in the compute dtype (<= 1e-6 in fp32, 2-3e-3 in bf16): the two passes are compiled
+    separately and need not round alike."""
     met_U = jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), met_EM)
     metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in met_U.items()}
     metrics["skipped"] = jnp.sum(met_U["skipped"])

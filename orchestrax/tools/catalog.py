@@ -64,5 +64,6 @@ def build_catalog(config: CatalogConfig, *,
             tools["web_search"] = web_search.WebSearchTool(
                 config.web, pricing=sheet.tool_pricing("web_search", web_search.DEFAULT_PRICING))
     for llm in config.llms:
-        tools[llm.name] = LLMTool(llm, sheet.model_pricing(llm.pricing_key))
+        tools[llm.name] = LLMTool(llm, sheet.model_pricing(llm.pricing_key),
+                                  sheet.model_seconds_per_token(llm.pricing_key))
     return tools

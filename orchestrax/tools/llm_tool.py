@@ -2,7 +2,10 @@
 
 generalist: answers anything; math: a math specialist (answer in \\boxed{}); coder: writes a Python
 program whose code is then run in the sandbox, and the observation is the code plus its output.
-Cost is token usage through the pricing sheet (`Pricing(kind="per_token")`).
+Cost is token usage through the pricing sheet (`Pricing(kind="per_token")`). Latency is the
+sheet's figure, never the endpoint's measured response time (queueing at a provider is not the
+policy's choice): output tokens x the sheet's seconds per output token, or the nominal
+`latency_s` per call when the sheet gives no speed; the coder adds its sandbox run's own time.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class LLMToolConfig:
     price_model: str | None = None       # key in the pricing sheet; None means chat.model
     description: str | None = None       # e.g. written by scripts/describe_llm_tool.py
     sandbox: SandboxConfig = SandboxConfig()   # used by the coder role only
-    latency_s: float = 5.0               # nominal, for the spec
+    latency_s: float = 5.0               # nominal per call: the spec, and the latency charged
+                                         # when the sheet has no seconds per token
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -89,7 +93,8 @@ def llm_spec(config: LLMToolConfig, pricing: Pricing) -> ToolSpec:
 
 
 class LLMTool:
-    def __init__(self, config: LLMToolConfig, pricing: Pricing):
+    def __init__(self, config: LLMToolConfig, pricing: Pricing,
+                 seconds_per_token: float | None = None):
         if pricing.kind != "per_token":
             raise ValueError(f"LLM tool {config.name!r}: pricing.kind={pricing.kind!r}; "
                              "LLM tools are billed 'per_token'")
@@ -97,6 +102,13 @@ class LLMTool:
             check_available(config.sandbox)
         self.config = config
         self.spec = llm_spec(config, pricing)
+        self.seconds_per_token = seconds_per_token
+
+    def latency(self, output_tokens: int) -> float:
+        """Seconds charged for a reply of `output_tokens` tokens (see the module docstring)."""
+        if self.seconds_per_token is None:
+            return self.config.latency_s
+        return self.seconds_per_token * output_tokens
 
     def messages(self, args: dict[str, Any]) -> list[dict[str, str]]:
         user = args["query"]
@@ -111,7 +123,7 @@ class LLMTool:
         reply = await chat(self.config.chat, self.messages(args), retries=0)
         cost = self.spec.pricing.cost(input_tokens=reply.input_tokens,
                                       output_tokens=reply.output_tokens)
-        observation, seconds = reply.text, reply.seconds
+        observation, seconds = reply.text, self.latency(reply.output_tokens)
         if self.config.role == "coder":
             code = extract_code(reply.raw)
             if code is None:

@@ -76,6 +76,8 @@ def reprice(tool: Tool, sheet: PricingSheet) -> Tool:
         return tool
     out = copy.copy(tool)
     out.spec = dataclasses.replace(tool.spec, pricing=pricing)
+    if isinstance(tool, LLMTool):
+        out.seconds_per_token = sheet.model_seconds_per_token(tool.config.pricing_key)
     return out
 
 

@@ -3,7 +3,8 @@
 configuration.
 
 File shape: {"name", "split": "train"|"eval", "note",
-             "models": {model: {"provider", "usd_per_m_input", "usd_per_m_output", "usd_per_call"?}},
+             "models": {model: {"provider", "usd_per_m_input", "usd_per_m_output", "usd_per_call"?,
+                                "seconds_per_output_token"?}},
              "tools": {tool_name: <pricing JSON, see specs.py>}}
 """
 
@@ -28,12 +29,19 @@ class ModelPrice:
     usd_per_m_input: float
     usd_per_m_output: float
     usd_per_call: float = 0.0
+    # The model's generation speed as an LLM tool's latency (None: the tool's nominal per-call
+    # figure); a sheet figure, so the reward's clock never reads a provider's response time.
+    seconds_per_output_token: float | None = None
 
     def __post_init__(self):
         for field in ("usd_per_m_input", "usd_per_m_output", "usd_per_call"):
             v = getattr(self, field)
             if not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"ModelPrice.{field}={v!r}; must be a number >= 0")
+        v = self.seconds_per_output_token
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise ValueError(f"ModelPrice.seconds_per_output_token={v!r}; must be None or a "
+                             "number >= 0")
 
     def pricing(self) -> Pricing:
         return Pricing(kind="per_token", usd_per_call=self.usd_per_call,
@@ -57,6 +65,11 @@ class PricingSheet:
             raise KeyError(f"pricing sheet {self.name!r} has no model {model!r}; "
                            f"it prices: {sorted(self.models)}")
         return self.models[model].pricing()
+
+    def model_seconds_per_token(self, model: str) -> float | None:
+        """The sheet's generation speed of `model` (None when it gives none or lacks it)."""
+        row = self.models.get(model)
+        return None if row is None else row.seconds_per_output_token
 
     def tool_pricing(self, tool: str, default: Pricing) -> Pricing:
         return self.tools.get(tool, default)

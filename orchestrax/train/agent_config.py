@@ -12,6 +12,7 @@ from orchestrax.agent.checks import at_least
 from orchestrax.agent.subagent import ROLES, THINKING
 
 MODES = ("direct", "subagent")
+FLOW_AGGS = ("rollout-turn-token-mean", "token-mean")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,10 +33,18 @@ class AgentConfig:
     sandbox: str | None = "bwrap"           # the Coder's python tool; None: no Coder
     search_corpus: str | None = None        # BM25 corpus of the Web Searcher; None: no searcher
     train_turn_tokens: int | None = None    # longer turns are dropped (None: context_tokens)
+    # Sub-agent mode's loss aggregation over turn rows (it replaces grpo.agg there): Flow-GRPO's
+    # 1/G per rollout, 1/T_i per turn, 1/|a| per token, or one token-mean over every turn.
+    flow_agg: str = "rollout-turn-token-mean"
+    # The sub-agents' generation speed in the latency feature (None: rollout.seconds_per_token,
+    # the same model by default).
+    subagent_seconds_per_token: float | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"AgentConfig.mode={self.mode!r}; allowed: {MODES}")
+        if self.flow_agg not in FLOW_AGGS:
+            raise ValueError(f"AgentConfig.flow_agg={self.flow_agg!r}; allowed: {FLOW_AGGS}")
         if self.thinking not in THINKING:
             raise ValueError(f"AgentConfig.thinking={self.thinking!r}; allowed: {THINKING}")
         bad = sorted(set(self.exclude) - set(ROLES))
@@ -43,6 +52,8 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.exclude={bad}; allowed: {sorted(ROLES)}")
         at_least(self, 1, "orchestrator_turns", "orchestrator_new_tokens", "subagent_steps",
                  "subagent_new_tokens")
+        if self.subagent_seconds_per_token is not None:
+            at_least(self, 0, "subagent_seconds_per_token")
         if self.train_turn_tokens is not None and self.train_turn_tokens < 2:
             raise ValueError(f"AgentConfig.train_turn_tokens={self.train_turn_tokens}; must be "
                              ">= 2 or None")

@@ -7,6 +7,9 @@ same reward as in Direct mode; the orchestrator's "tools" are its sub-agents, so
 dispatches per sub-agent) is turned into a GRPO advantage within the task's group of G rollouts,
 and every turn of the rollout carries that advantage. Turns longer than the training budget are
 dropped only after advantages are computed, so dropping one never moves another's advantage.
+The loss weighs turns as Flow-GRPO does (AgentFlow, arXiv 2510.05592): each rollout 1/G, each of
+its T_i turns 1/T_i of that, each token 1/|a| of its turn (`agent.flow_agg`; "token-mean" over
+all turn rows is the alternative, which lets long rollouts with many turns dominate).
 Sub-agents are frozen: their tokens never enter the batch.
 """
 
@@ -42,15 +45,19 @@ class _AsScored(NamedTuple):
 
     tool_calls: list[_Dispatch]
     cost: float
-    latency: float
+    clock: float                 # `SubagentRollout.clock_s`, timed with both models' speeds
     format_errors: int
     final_answer: str | None
-    generation_s: float = 0.0    # account.latency_s already covers the orchestrator's own clock
+
+    def clock_s(self, seconds_per_token: float) -> float:
+        return self.clock        # already timed: orchestrator and sub-agents differ in speed
 
 
-def _as_scored(r: SubagentRollout) -> _AsScored:
+def _as_scored(r: SubagentRollout, seconds_per_token: float,
+               subagent_seconds_per_token: float) -> _AsScored:
     calls = [_Dispatch(name) for name, k in r.account.dispatches.items() for _ in range(k)]
-    return _AsScored(calls, r.cost, r.latency, r.format_errors, r.final_answer)
+    return _AsScored(calls, r.cost, r.clock_s(seconds_per_token, subagent_seconds_per_token),
+                     r.format_errors, r.final_answer)
 
 
 def preferences(tasks: Sequence[Task], agent_names: Sequence[str],
@@ -112,19 +119,24 @@ def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.nd
     flat_A, flat_keep = advantages_QG.reshape(-1), keep_QG.reshape(-1)
     out["advantages"] = np.where(index >= 0, flat_A[index], 0.0).astype(np.float32)
     out["sample_mask"] = np.where(index >= 0, flat_keep[index], 0.0).astype(np.float32)
+    out["rollout_ids"] = index.astype(np.int32)   # agg="rollout-turn-token-mean" weighs by it
     return out, {"rollout": index, "dropped": dropped}
 
 
 def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]],
                outcome_QG: np.ndarray, agent_names: Sequence[str], grpo: rl.GRPOConfig, *,
                pad_id: int, max_turn_tokens: int, row_multiple: int,
-               tool_names: Sequence[Sequence[str]] | None = None
+               tool_names: Sequence[Sequence[str]] | None = None,
+               seconds_per_token: float = 0.0, subagent_seconds_per_token: float = 0.0
                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The ToolOrchestra reward, filters and group advantages over [Q,G] rollouts (the direct
     loop's `rl.score_groups`, with dispatches per sub-agent as the tool calls), then the
     per-turn batch. `tool_names`: each task's own tools, the order its P uses (see
-    `preferences`). Returns (batch, stats)."""
-    scores = rl.score_groups([[_as_scored(r) for r in gr] for gr in groups], outcome_QG,
+    `preferences`); the two speeds time the orchestrator's and the sub-agents' tokens in the
+    latency feature. Returns (batch, stats)."""
+    scored = [[_as_scored(r, seconds_per_token, subagent_seconds_per_token) for r in gr]
+              for gr in groups]
+    scores = rl.score_groups(scored, outcome_QG,
                              [list(agent_names)] * len(groups),
                              list(preferences(tasks, agent_names, tool_names)), grpo)
     batch, info = turn_batch(groups, scores.advantages_QG, scores.keep_QG, pad_id=pad_id,
@@ -135,6 +147,7 @@ def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]
     stats = {"reward_mean": float(scores.reward_QG.mean()),
              "accuracy": float(np.mean(outcome_QG)),
              "cost_mean": float(f.cost_QG.mean()), "latency_mean": float(f.latency_QG.mean()),
+             "latency_wall_mean": float(np.mean([r.latency for r in flat])),
              "format_error_rate": float((scores.format_errors_QG > 0).mean()),
              "turns_mean": float(np.mean([a.turns for a in acc])),
              "flow/turn_samples": float((info["rollout"] >= 0).sum()),
@@ -197,9 +210,12 @@ class FlowRunner:
                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         q, g = outcome.shape
         names = [[t.spec.name for t in self.env.tools(task)] for task in tasks]
+        spt = self.cfg.rollout.seconds_per_token
+        sub = self.cfg.agent.subagent_seconds_per_token
         return flow_batch(tasks, groups, outcome, self.agent_names, self.cfg.grpo, pad_id=pad_id,
                           max_turn_tokens=self.max_turn_tokens, row_multiple=q * g,
-                          tool_names=names)
+                          tool_names=names, seconds_per_token=spt,
+                          subagent_seconds_per_token=spt if sub is None else sub)
 
 
 def shared_tools(agent: AgentConfig) -> list:

@@ -69,7 +69,9 @@ class Trainer:
             setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer,
                                    cfg.hf_path)
         parallel.barrier("model card")
-        self.update = rl.make_train_step(self.model_cfg, cfg.grpo, cfg.optim, self.mesh)
+        grpo = (cfg.grpo if cfg.agent.mode == "direct"
+                else dataclasses.replace(cfg.grpo, agg=cfg.agent.flow_agg))  # rows are turns
+        self.update = rl.make_train_step(self.model_cfg, grpo, cfg.optim, self.mesh)
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)
         self.step = 0
@@ -335,7 +337,8 @@ class Trainer:
                                  "TrainConfig.instances.preferences=True or give tasks their P")
         # Tool-count columns are aligned by tool name across the instances' tool subsets.
         names = [[tool.spec.name for tool in self.env.tools(t)] for t in tasks]
-        scores = rl.score_groups(groups, outcome, names, [t.preference for t in tasks], cfg.grpo)
+        scores = rl.score_groups(groups, outcome, names, [t.preference for t in tasks], cfg.grpo,
+                                 seconds_per_token=cfg.rollout.seconds_per_token)
         R, A, keep, fmt = (scores.reward_QG, scores.advantages_QG, scores.keep_QG,
                            scores.format_errors_QG)
         cost, latency = scores.features.cost_QG, scores.features.latency_QG
@@ -349,6 +352,8 @@ class Trainer:
         batch["sample_mask"] = np.asarray(keep, np.float32).reshape(-1)
         stats = {"reward_mean": float(np.mean(R)), "accuracy": float(outcome.mean()),
                  "cost_mean": float(cost.mean()), "latency_mean": float(latency.mean()),
+                 # measured sampler time, queueing included: a metric, never reward
+                 "generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
                  "format_error_rate": float((fmt > 0).mean()),
                  "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
                  "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
@@ -372,7 +377,8 @@ class Trainer:
         flat = [tr for gr in groups for tr in gr]
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
-               "latency_mean": float(np.mean([tr.latency for tr in flat]))}
+               "latency_mean": float(np.mean([tr.clock_s(self.cfg.rollout.seconds_per_token)
+                                              for tr in flat]))}
         return row | self.env.stats(tasks, groups) | self._sampler_counters()
 
     def _sampler_counters(self) -> dict[str, float]:

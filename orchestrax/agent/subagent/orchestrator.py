@@ -101,14 +101,31 @@ class SubagentRollout:
     reports: list[SubAgentReport]
     trajectory: Trajectory
 
-    # What the trainer and the evaluators read, named as on a Direct trajectory.
+    # What the trainer and the evaluators read (and `drop_stale` writes), named as on a Direct
+    # trajectory.
     @property
     def final_answer(self) -> str | None:
         return self.trajectory.final_answer
 
+    @final_answer.setter
+    def final_answer(self, value: str | None) -> None:
+        self.trajectory.final_answer = value
+
     @property
     def end_reason(self) -> EndReason | None:
         return self.trajectory.end_reason
+
+    @end_reason.setter
+    def end_reason(self, value: EndReason | None) -> None:
+        self.trajectory.end_reason = value
+
+    @property
+    def error(self) -> str | None:
+        return self.trajectory.error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self.trajectory.error = value
 
     @property
     def turns(self) -> list[TurnRecord]:
@@ -128,7 +145,17 @@ class SubagentRollout:
 
     @property
     def latency(self) -> float:
+        """Measured wall clock of the query (a metric; the reward reads `clock_s`)."""
         return self.account.latency_s
+
+    def clock_s(self, seconds_per_token: float, subagent_seconds_per_token: float) -> float:
+        """The query's deterministic clock: the orchestrator's generated tokens at its speed,
+        plus each dispatch's sub-agent episode on its own clock (its tokens at the sub-agents'
+        speed plus its tools' latency). Dispatches run one after another."""
+        own = sum(t.tokens_out for t in self.trajectory.turns)
+        return seconds_per_token * own + sum(
+            r.trajectory.clock_s(subagent_seconds_per_token) for r in self.reports
+            if r.trajectory is not None)
 
 
 def query_of(task: Task) -> str:
@@ -200,7 +227,8 @@ class _Query:
             self.account.turns += 1
             stopped = result.finish_reason == "stop" and bool(out) and out[-1] in codec.stop_ids
             text = codec.decode(out[:-1] if stopped else out)
-            record = TurnRecord(text=text, tokens_in=len(ids), tokens_out=len(out))
+            record = TurnRecord(text=text, tokens_in=len(ids), tokens_out=len(out),
+                                weight_version=result.weight_version)
             self.traj.turns.append(record)
             if result.finish_reason == "abort":
                 return self._end("error", "generation aborted by the sampler")
