@@ -21,6 +21,7 @@ import tempfile
 import orbax.checkpoint as ocp
 
 from orchestrax import models
+from orchestrax.train import run_info
 
 
 class ExportError(Exception):
@@ -52,10 +53,14 @@ def export(run_dir: str, out_dir: str, *, step: int | None = None, dtype: str | 
     params = restored["state"]["params"]
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         models.save_hf(cfg, params, tmp, tokenizer_dir=model_dir, dtype=dtype)
-        umask = os.umask(0)
-        os.umask(umask)
+        settings = run_info.find(run)
+        if settings is not None:  # eval of the export uses the run's template and budgets
+            shutil.copyfile(settings, tmp / run_info.RUN_CONFIG)
+            (tmp / run_info.RUN_CONFIG).chmod(0o666 & ~umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; save_pretrained's dirs are not
         _swap_in(tmp, dest)
     finally:

@@ -153,6 +153,58 @@ def test_cli_refuses_an_ambiguous_url():
         cli(["eval", "--policy", "http://x", "--tasks", "routing", "--no-progress"])
 
 
+def test_failed_requests_are_errors_and_fail_the_command(tmp_path, capsys):
+    """A dead server: every episode an error, counted per task set; exit 1 past
+    --max-error-rate (default 0), 0 when the user allows them."""
+    dead = f"sglang:http://127.0.0.1:{_free_port()}"
+    args = ["eval", "--policy", dead, "--tokenizer", "tiny", "--tasks", "routing", "--limit", "2",
+            "--no-progress", "--out", str(tmp_path)]
+    assert cli(args) == 1
+    out, err = capsys.readouterr()
+    assert "routing had 100% failed episodes" in err and "Cannot connect" in err
+    lines = out.splitlines()
+    head = next(x for x in lines if x.startswith("task set"))
+    routing = next(x for x in lines if x.startswith("routing "))
+    assert head.split()[-1] == "errors" and routing.split()[-1] == "2"
+    assert "eval defaults (the policy carries no train_config.json)" in out
+    assert cli(args + ["--max-error-rate", "1"]) == 0
+
+
+@pytest.mark.slow
+def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
+    from orchestrax import models
+    from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+    from orchestrax.train import run_info
+    from orchestrax.train.checkpoint import Checkpointer
+    from orchestrax.train.config import RolloutConfig, TrainConfig
+    from orchestrax.train.setup import write_model_card
+
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    run = tmp_path / "run"
+    write_model_card(run / "model", cfg, tok)
+    ckpt = Checkpointer(run / "checkpoints", every=1)
+    ckpt.maybe_save(1, {"params": models.init_params(cfg, 7)}, {"phase": "rl", "step": 1},
+                    force=True)
+    ckpt.close()
+    run_info.write(run, TrainConfig(
+        name="t", out_dir=str(run), model=cfg, env_kwargs=(("num_eval", 2),),
+        rollout=RolloutConfig(max_new_tokens=12, max_turns=1, context_tokens=1024,
+                              enable_thinking=False)))
+    assert cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
+                "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert (f"eval settings: enable_thinking=False max_new_tokens=12 max_turns=1 "
+            f"context_tokens=1024 (from {run / 'train_config.json'}, flags override)") in out
+    payload = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert payload["main_turn_limit"] == 1 and [r["turn_limit"] for r in payload["rows"]] == [1]
+    recs = payload["records"]["routing"]
+    assert len(recs) == 2 and all(r["turns"] == 1 and r["completion_tokens"] <= 12 for r in recs)
+    assert cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
+                "--max-turns", "2", "--out", str(tmp_path / "b")]) == 0
+    assert "warning: --max-turns 2 differs from training (1)" in capsys.readouterr().out
+
+
 @pytest.fixture
 def chat_servers():
     """Two loopback OpenAI-compatible servers on a background event loop (the CLI runs its

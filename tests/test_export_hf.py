@@ -121,8 +121,11 @@ def test_export_keeps_the_source_models_generation_config(tmp_path):
     cfg, tok = make_run(tmp_path / "run")
     own = {"eos_token_id": [7, 8], "temperature": 0.7}
     (tmp_path / "run" / "model" / "generation_config.json").write_text(json.dumps(own))
+    (tmp_path / "run" / "train_config.json").write_text('{"rollout": {}}')
     out = export(str(tmp_path / "run"), str(tmp_path / "hf"))
     assert json.loads((out / "generation_config.json").read_text()) == own
+    # The run's settings travel with the export, so eval of the export uses them.
+    assert (out / "train_config.json").read_text() == '{"rollout": {}}'
 
 
 def test_a_non_empty_export_is_replaced_only_with_overwrite_and_never_in_place(tmp_path):

@@ -59,3 +59,20 @@ def test_plots_are_written(tmp_path):
     assert shares.stat().st_size > 10_000
     (tmp_path / "sft.jsonl").write_text(json.dumps({"phase": "sft", "step": 10}) + "\n")
     assert plots.plot_run(tmp_path / "sft.jsonl", tmp_path / "none.png") is None
+
+
+def test_plot_panels_are_the_ones_with_data():
+    """An SFT-only run plots its loss and nothing else; an RL run adds loss, KL and the kept
+    fraction; no panel is empty."""
+    sft = [{"phase": "sft", "step": s, "loss": 2.0 / s} for s in (10, 20)]
+    assert [(t, [(lab, xs, ys) for lab, xs, ys, _ in ser]) for t, ser in plots.panels(sft)] == [
+        ("SFT loss", [("warm start", [10, 20], [0.2, 0.1])])]
+    rl = [{"phase": "rl", "step": 1, "reward_mean": 0.5, "accuracy": 0.5, "cost_mean": 0.1,
+           "loss": 0.3, "kl": 0.01, "filter/kept_fraction": 0.75, "tool_share_a": 1.0},
+          {"phase": "eval", "step": 1, "accuracy": 1.0, "cost_mean": 0.2}]
+    drawn = dict(plots.panels(sft + rl))
+    assert list(drawn) == ["SFT loss", "reward", "accuracy", "cost ($)", "policy loss",
+                           "KL to reference", "kept fraction", "share of tool calls"]
+    assert [lab for lab, *_ in drawn["accuracy"]] == ["train", "eval"]
+    assert drawn["kept fraction"][0][2] == [0.75]
+    assert all(xs for series in drawn.values() for _, xs, _, _ in series)

@@ -93,7 +93,8 @@ async def run_grid(policy: Policy, run: EvalRun, points: Sequence[GridPoint], *,
 
 COLUMNS = (("accuracy", "acc", "{:.3f}"), ("prompt_tokens", "prompt tok", "{:.0f}"),
            ("completion_tokens", "compl tok", "{:.0f}"), ("minutes_per_task", "min/task", "{:.3f}"),
-           ("cents_per_task", "cents/task", "{:.3f}"), ("turns", "turns", "{:.2f}"))
+           ("cents_per_task", "cents/task", "{:.3f}"), ("turns", "turns", "{:.2f}"),
+           ("errors", "errors", "{:.0f}"))
 
 
 def grid_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -121,7 +122,7 @@ def write_grid(payload: dict[str, Any], out_dir: str | pathlib.Path) -> list[pat
     report.write_json(out / "grid.json", payload)
     tools = sorted({t for r in rows for t in r["calls_per_task"]})
     fields = ["agent", "thinking", "ablation", "task_set", "tasks", *[k for k, _, _ in COLUMNS],
-              "total_tokens", "errors", *[f"calls_{t}" for t in tools]]
+              "total_tokens", *[f"calls_{t}" for t in tools]]
     with (out / "grid.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()

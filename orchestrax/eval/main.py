@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import pathlib
+import sys
+from typing import Any
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.eval import grid, report
 from orchestrax.eval.policy import PARAM_DTYPES, load_policy
 from orchestrax.eval.runners import EvalConfig
-from orchestrax.eval.suite import EvalRun, run_eval, write_outputs
+from orchestrax.eval.suite import DEFAULT_SWEEP, EvalRun, run_eval, write_outputs
 from orchestrax.eval.tasksets import TaskSetOptions
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.tools.chat_client import ChatEndpoint
@@ -47,10 +50,55 @@ def _catalog(config: str | None, sheet: str | None):
     return build_catalog(catalog_cfg), routing
 
 
+# What eval assumes when neither a flag nor the policy's run says otherwise.
+DEFAULTS = {"enable_thinking": True, "max_new_tokens": 4096, "max_turns": 50,
+            "context_tokens": 32_768}
+_FLAG = {"enable_thinking": "--thinking-on/--no-thinking", "max_new_tokens": "--max-new-tokens",
+         "max_turns": "--max-turns", "context_tokens": "--context-tokens"}
+
+
+def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """The episode settings eval uses: a flag, else the policy's training run (a run dir or an
+    HF export of one carries train_config.json), else DEFAULTS; plus the lines that say so."""
+    from orchestrax.train import run_info
+    found = None
+    if ":" not in args.policy and pathlib.Path(args.policy).is_dir():
+        found = run_info.policy_settings(args.policy)
+    trained, source = found if found else ({}, None)
+    used, notes = {}, []
+    for key, default in DEFAULTS.items():
+        flag = getattr(args, key)
+        used[key] = flag if flag is not None else trained.get(key, default)
+        if flag is not None and key in trained and flag != trained[key]:
+            notes.append(f"warning: {_FLAG[key]} {flag} differs from training ({trained[key]})")
+    origin = (f"from {source}, flags override" if source else
+              "eval defaults (the policy carries no train_config.json), flags override")
+    notes.insert(0, "eval settings: " + " ".join(f"{k}={v}" for k, v in used.items())
+                 + f" ({origin})")
+    used["routing"] = tuple(trained.get("env_kwargs", ())) if trained.get("env") == "routing" \
+        else ()
+    return used, notes
+
+
+def error_rates(rows: list[dict[str, Any]], main_limit: int | None) -> dict[str, float]:
+    """Task set -> fraction of its episodes that ended in an error (failed requests), at the
+    main turn limit."""
+    out = {}
+    for r in rows:
+        if (main_limit is None or r.get("turn_limit") == main_limit) and r.get("tasks"):
+            name = r["task_set"] if "point" not in r else f"{r['task_set']} {r['point']}"
+            out[name] = max(out.get(name, 0.0), r.get("errors", 0) / r["tasks"])
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from orchestrax.train.setup import configure_logging
     configure_logging()
+    settings, notes = resolve_settings(args)
+    for line in notes:
+        print(line, flush=True)
     catalog, routing = _catalog(args.config, args.sheet)
+    routing = routing or settings["routing"]
     options = TaskSetOptions(
         split=args.split, limit=args.limit, grader=args.grader, tools=catalog, routing=routing,
         preferences=not args.no_preferences, seed=args.seed,
@@ -61,29 +109,33 @@ def run(args: argparse.Namespace) -> int:
         from orchestrax.tools.sheets import load_sheet
         pricing = load_sheet(args.sheet or "train_list").model_pricing(args.policy_price)
     cfg = EvalConfig(
-        episode=EpisodeConfig(max_turns=args.max_turns, context_tokens=args.context_tokens,
-                              max_new_tokens=args.max_new_tokens,
-                              enable_thinking=not args.no_thinking,
+        episode=EpisodeConfig(max_turns=settings["max_turns"],
+                              context_tokens=settings["context_tokens"],
+                              max_new_tokens=settings["max_new_tokens"],
+                              enable_thinking=settings["enable_thinking"],
                               sampling=SamplingParams(temperature=args.temperature)),
         policy_pricing=pricing, seconds_per_token=args.seconds_per_token)
-    sweep = tuple(int(x) for x in args.turn_sweep.split(",") if x) if args.turn_sweep else ()
+    if args.turn_sweep is None:  # cuts of the main run only: the sweep never runs it longer
+        sweep = tuple(n for n in DEFAULT_SWEEP if n < settings["max_turns"])
+    else:
+        sweep = tuple(int(x) for x in args.turn_sweep.split(",") if x)
     # --agent/--thinking/--ablate lists: the paper's grid (eval/grid.py), one run per point
-    points = grid.grid_points(args.agent, args.thinking or ("none" if args.no_thinking
-                                                            else "orchestrator"), args.ablate)
+    points = grid.grid_points(args.agent, args.thinking or (
+        "orchestrator" if settings["enable_thinking"] else "none"), args.ablate)
     is_grid = len(points) > 1 or points[0].agent != "direct" or args.thinking is not None
     spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep,
                    runner=points[0].agent,
                    max_in_flight=args.max_in_flight, baseline=args.baseline, options=options,
                    progress=not args.no_progress)
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
-                         api_key_env=args.api_key_env, max_len=args.context_tokens,
+                         api_key_env=args.api_key_env, max_len=settings["context_tokens"],
                          param_dtype=args.param_dtype, seed=args.seed)
     sub_pricing = None
     if args.subagent_price:
         from orchestrax.tools.sheets import load_sheet
         sub_pricing = load_sheet(args.sheet or "train_list").model_pricing(args.subagent_price)
     sub_policy = (load_policy(args.subagent_policy, tokenizer=args.tokenizer,
-                              max_len=args.context_tokens, param_dtype=args.param_dtype,
+                              max_len=settings["context_tokens"], param_dtype=args.param_dtype,
                               seed=args.seed)
                   if args.subagent_policy else None)
 
@@ -102,7 +154,23 @@ def run(args: argparse.Namespace) -> int:
     print(grid.grid_table(payload["rows"]) if is_grid else report.table(payload["rows"]))
     for path in (grid.write_grid if is_grid else write_outputs)(payload, args.out):
         print(f"wrote {path}")
+    rates = error_rates(payload["rows"], payload.get("main_turn_limit"))
+    over = {k: v for k, v in rates.items() if v > args.max_error_rate}
+    if over:
+        worst = max(over, key=over.get)
+        print(f"orchestrax eval: error: {len(over)} task set(s) above --max-error-rate "
+              f"{args.max_error_rate:g}: {worst} had {over[worst]:.0%} failed episodes (first "
+              f"error: {_first_error(payload) or 'see eval.json'})", file=sys.stderr)
+        return 1
     return 0
+
+
+def _first_error(payload: dict[str, Any]) -> str | None:
+    for recs in payload.get("records", {}).values():
+        for r in recs:
+            if r.get("end_reason") == "error" and r.get("error"):
+                return r["error"]
+    return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,16 +202,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: --policy")
     p.add_argument("--subagent-price", metavar="MODEL",
                    help="bill the sub-agents' tokens at this model's row of the sheet")
-    p.add_argument("--max-turns", type=int, default=50)
-    p.add_argument("--turn-sweep", default="10,20,50,100",
-                   help="comma-separated turn limits ('' for none)")
+    p.add_argument("--max-turns", type=int,
+                   help="turns per episode (default: the policy's training run, else 50)")
+    p.add_argument("--turn-sweep",
+                   help="comma-separated turn limits ('' for none; default: those of "
+                        "10,20,50,100 below --max-turns, cut from the main run)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-new-tokens", type=int, default=4096)
-    p.add_argument("--context-tokens", type=int, default=32_768)
+    p.add_argument("--max-new-tokens", type=int,
+                   help="tokens per turn (default: the policy's training run, else 4096)")
+    p.add_argument("--context-tokens", type=int,
+                   help="context limit (default: the policy's training run, else 32768)")
     p.add_argument("--param-dtype", default="float32", choices=PARAM_DTYPES,
                    help="the embedded sampler's params (a run's fp32 master weights are cast as "
                         "they are read: bfloat16 halves their memory)")
-    p.add_argument("--no-thinking", action="store_true")
+    p.add_argument("--no-thinking", dest="enable_thinking", action="store_false", default=None,
+                   help="Qwen3 thinking off (default: as the policy's training run, else on)")
+    p.add_argument("--thinking-on", dest="enable_thinking", action="store_true",
+                   help="Qwen3 thinking on whatever the run trained with")
+    p.add_argument("--max-error-rate", type=float, default=0.0,
+                   help="exit 1 when more than this fraction of a task set's episodes failed "
+                        "(a failed request is an error, not a wrong answer)")
     p.add_argument("--seconds-per-token", type=float,
                    help="charge this per generated token instead of measured generation time")
     p.add_argument("--max-in-flight", type=int, default=64)

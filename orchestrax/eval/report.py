@@ -12,7 +12,7 @@ from typing import Any, Sequence
 COLUMNS = (("accuracy", "acc", "{:.3f}"), ("cents_per_task", "cents/task", "{:.3f}"),
            ("minutes_per_task", "min/task", "{:.3f}"), ("prompt_tokens", "prompt tok", "{:.0f}"),
            ("completion_tokens", "compl tok", "{:.0f}"), ("turns", "turns", "{:.2f}"),
-           ("adherence", "pref adh", "{:.3f}"))
+           ("adherence", "pref adh", "{:.3f}"), ("errors", "errors", "{:.0f}"))
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
@@ -41,7 +41,7 @@ def write_json(path: pathlib.Path, payload: dict[str, Any]) -> None:
 def write_csv(path: pathlib.Path, rows: Sequence[dict[str, Any]]) -> None:
     tools = sorted({t for r in rows for t in r["calls_per_task"]})
     fields = ["policy", "task_set", "turn_limit", "tasks", *[k for k, _, _ in COLUMNS],
-              "tool_input_tokens", "tool_output_tokens", "errors", *[f"calls_{t}" for t in tools]]
+              "tool_input_tokens", "tool_output_tokens", *[f"calls_{t}" for t in tools]]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()

@@ -33,7 +33,7 @@ from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.rollout.sglang_client import SGLangClient
 from orchestrax.tools.randomize import instance_seed
-from orchestrax.train import batching, config, episodes, setup, warmstart
+from orchestrax.train import batching, config, console, episodes, run_info, setup, warmstart
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
@@ -48,6 +48,9 @@ class Trainer:
         self.cfg = cfg
         self.out = pathlib.Path(cfg.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        # One trainer per out_dir: a second one would append every metrics row again.
+        self._lock = run_info.lock_out_dir(self.out) if jax.process_index() == 0 else None
+        log.info("orchestrax train %s: building the env, model and sampler", cfg.name)
         # Everything that can be wrong with the config or its inputs fails here, before any
         # compute (the environment first: its task count bounds tasks_per_step).
         config.check_paths(cfg)
@@ -68,6 +71,10 @@ class Trainer:
         if jax.process_index() == 0:
             setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer,
                                    cfg.hf_path)
+            run_info.write(self.out, cfg)  # eval and export read the run's settings from it
+            log.info("orchestrax train %s: %d %s device(s), %d process(es), %.3gM params, "
+                     "out_dir %s", cfg.name, jax.device_count(), jax.devices()[0].platform,
+                     jax.process_count(), models.num_params(self.model_cfg) / 1e6, self.out)
         parallel.barrier("model card")
         grpo = (cfg.grpo if cfg.agent.mode == "direct"
                 else dataclasses.replace(cfg.grpo, agg=cfg.agent.flow_agg))  # rows are turns
@@ -93,6 +100,7 @@ class Trainer:
                      meta["step"])
         self.metrics = MetricsLog(self.out, keep_rows=keep_rows, resume_step=resumed_at,
                                   writer=jax.process_index() == 0)
+        self._clock = console.Clock()
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
         # --- sub-agent mode (issue 12): orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
@@ -133,16 +141,30 @@ class Trainer:
     # --- phases --------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
         history = []
+        if self.phase == "rl" and self.step >= self.cfg.steps:
+            log.info("already complete: %s holds all %d RL steps; nothing to do (raise "
+                     "steps, or pick another out_dir to start over)", self.out, self.cfg.steps)
+            self._close()
+            return history
         with logging_redirect_tqdm():  # log lines print above the progress bars
             if self.phase == "sft":
                 history += self._sft()
             history += asyncio.run(self._rl())
-        self.ckpt.close()
-        self.metrics.close()
+        self._close()
         if jax.process_index() == 0:
             png = plots.plot_run(self.metrics.path, self.out / "metrics.png")
-            log.info("plots: %s", png)
+            log.info("done: %s; metrics %s, plots %s\n  export: python scripts/export_hf.py %s "
+                     "EXPORT_DIR\n  serve:  orchestrax serve --model EXPORT_DIR\n  eval:   "
+                     "orchestrax eval --policy %s --tasks TASKS", self.cfg.name,
+                     self.metrics.path, png, self.out, self.out)
         return history
+
+    def _close(self) -> None:
+        self.ckpt.close()
+        self.metrics.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _sft(self) -> list[dict[str, Any]]:
         """Warm start on the environment's demonstrations (format and task, no preference) or on
@@ -225,9 +247,11 @@ class Trainer:
             history.append(self._log(row))
             bar.update()
             bar.set_postfix(postfix(row, ("reward_mean", "accuracy", "cost_mean")))
+            # Eval before the checkpoint, so the checkpoint's row count holds the eval row and
+            # a resumed run neither drops it nor evaluates again.
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                history.append(self._log(await self._evaluate()))  # the final policy too
             self._save()
-            if cfg.eval_every and self.step % cfg.eval_every == 0:
-                history.append(self._log(await self._evaluate()))
         bar.close()
         self._save(force=True)
         if hasattr(self.sampler, "aclose"):
@@ -395,8 +419,10 @@ class Trainer:
         # Multi-process: rollout stats are each process's own episodes; the row averages them.
         row = parallel.mean_over_processes(row)
         self.metrics.write(row, self._global_step())
-        log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in row.items()))
+        total = {"sft": self.cfg.sft_steps, "rl": self.cfg.steps}.get(row["phase"])
+        log.info(console.line(row, total, self._clock))
+        for warning in console.degenerate(row):
+            log.warning("step %d: %s", row["step"], warning)
         return row
 
 

@@ -6,7 +6,15 @@ import json
 import pathlib
 from typing import Any, Sequence
 
-PANELS = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("cost_mean", "cost ($)"))
+# (title, phase -> row key); a panel is drawn only when some row has one of its keys.
+PANELS = (("SFT loss", {"sft": "loss"}),
+          ("reward", {"rl": "reward_mean"}),
+          ("accuracy", {"rl": "accuracy", "eval": "accuracy"}),
+          ("cost ($)", {"rl": "cost_mean", "eval": "cost_mean"}),
+          ("policy loss", {"rl": "loss"}),
+          ("KL to reference", {"rl": "kl"}),
+          ("kept fraction", {"rl": "filter/kept_fraction"}))
+_STYLE = {"sft": ("warm start", "-"), "rl": ("train", ".-"), "eval": ("eval", "o")}
 
 
 def _rows(metrics: pathlib.Path) -> list[dict[str, Any]]:
@@ -18,35 +26,54 @@ def tool_names(rows: Sequence[dict[str, Any]]) -> list[str]:
                    if k.startswith("tool_share_")})
 
 
+def panels(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[str, list, list, str]]]]:
+    """(title, [(label, steps, values, style)]) for every panel that has data: the panels of
+    PANELS, then each tool's share of calls per RL step."""
+    out = []
+    for title, keys in PANELS:
+        series = []
+        for phase, key in keys.items():
+            pts = [(r["step"], r[key]) for r in rows if r["phase"] == phase
+                   and isinstance(r.get(key), (int, float))]
+            if pts:
+                label, style = _STYLE[phase]
+                series.append((label, [x for x, _ in pts], [y for _, y in pts], style))
+        if series:
+            out.append((title, series))
+    shares = []
+    for name in tool_names(rows):
+        key = f"tool_share_{name}"
+        pts = [(r["step"], r[key]) for r in rows if r["phase"] == "rl" and key in r]
+        if pts:
+            shares.append((name, [x for x, _ in pts], [y for _, y in pts], ".-"))
+    if shares:
+        out.append(("share of tool calls", shares))
+    return out
+
+
 def plot_run(metrics: pathlib.Path, out: pathlib.Path) -> pathlib.Path | None:
-    """Reward, accuracy, cost and each tool's share of calls per RL step (training rollouts as
-    lines, evaluations as dots) into `out`; None when the run has no RL or eval rows."""
+    """The panels of `panels` into `out` (steps of each phase on the x axis: warm-start steps
+    for the SFT loss, RL steps for the rest); None when no row has anything to plot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = _rows(metrics)
-    rl = [r for r in rows if r["phase"] == "rl"]
-    ev = [r for r in rows if r["phase"] == "eval"]
-    if not rl and not ev:
+    drawn = panels(_rows(metrics))
+    if not drawn:
         return None
-    fig, axes = plt.subplots(1, len(PANELS) + 1, figsize=(4.2 * (len(PANELS) + 1), 3.4))
-    for ax, (key, label) in zip(axes, PANELS):
-        ax.plot([r["step"] for r in rl if key in r], [r[key] for r in rl if key in r],
-                label="train", marker=".")
-        ax.plot([r["step"] for r in ev if key in r], [r[key] for r in ev if key in r], "o",
-                label="eval")
-        ax.set(title=label, xlabel="RL step")
-    ax = axes[-1]
-    for name in tool_names(rows):
-        key = f"tool_share_{name}"
-        ax.plot([r["step"] for r in rl if key in r], [r[key] for r in rl if key in r],
-                marker=".", label=name)
-    ax.set(title="share of tool calls", xlabel="RL step", ylim=(-0.02, 1.02))
-    for ax in axes:
+    cols = min(4, len(drawn))
+    nrows = -(-len(drawn) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax, (title, series) in zip(axes.flat, drawn):
+        for label, xs, ys, style in series:
+            ax.plot(xs, ys, style, label=label)
+        ax.set(title=title, xlabel="SFT step" if title == "SFT loss" else "RL step")
+        if title == "share of tool calls":
+            ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(drawn):]:
+        ax.remove()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -1,0 +1,68 @@
+"""What a run prints per logged row: one short line (step N/total, a few numbers, rate, ETA) that
+reads the same on a terminal and in a log file, and warnings for steps that trained on nothing.
+The full row stays in metrics.jsonl and TensorBoard."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from typing import Any, Sequence
+
+# (row key, label, format) shown per phase, in this order, when present.
+SHOWN = {
+    "sft": (("loss", "loss", "{:.4g}"),),
+    "rl": (("reward_mean", "reward", "{:.3g}"), ("accuracy", "acc", "{:.3g}"),
+           ("cost_mean", "cost", "{:.3g}"), ("filter/kept_fraction", "kept", "{:.2f}"),
+           ("loss", "loss", "{:.3g}"), ("kl", "kl", "{:.3g}"), ("grad_norm", "grad", "{:.3g}")),
+    "eval": (("accuracy", "acc", "{:.3g}"), ("cost_mean", "cost", "{:.3g}"),
+             ("latency_mean", "latency", "{:.3g}")),
+}
+
+
+class Clock:
+    """Seconds per step and time left, per phase, from the wall time between logged rows."""
+
+    def __init__(self, now=time.monotonic):
+        self._now = now
+        self._first: dict[str, tuple[int, float]] = {}
+
+    def rate(self, phase: str, step: int) -> float | None:
+        """Mean seconds per step of `phase` since its first logged row (None until two rows)."""
+        t = self._now()
+        first = self._first.setdefault(phase, (step, t))
+        done = step - first[0]
+        return (t - first[1]) / done if done > 0 else None
+
+
+def _eta(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=int(round(seconds))))
+
+
+def line(row: dict[str, Any], total: int | None, clock: Clock) -> str:
+    phase, step = row["phase"], row["step"]
+    head = f"{phase} step {step}/{total}" if total else f"{phase} at step {step}"
+    cells = [f"{label} {fmt.format(row[key])}" for key, label, fmt in SHOWN.get(phase, ())
+             if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+    text = head + "  " + "  ".join(cells)
+    if total and phase != "eval":
+        per_step = clock.rate(phase, step)
+        if per_step is not None:
+            text += f"  | {per_step:.3g} s/step, ETA {_eta(per_step * max(0, total - step))}"
+    return text
+
+
+def degenerate(row: dict[str, Any]) -> Sequence[str]:
+    """Why an RL step's update learned nothing, if it did not."""
+    if row["phase"] != "rl":
+        return []
+    out = []
+    if row.get("format_error_rate") == 1.0:
+        out.append("every rollout had a format error: check the chat template, "
+                   "rollout.enable_thinking and max_new_tokens")
+    if row.get("filter/kept") == 0:
+        out.append("no rollout kept by the filters (every group homogeneous or malformed): "
+                   "this update trained on nothing")
+    elif row.get("grad_norm") == 0.0:
+        out.append("gradient norm is 0: this update changed nothing")
+    return out

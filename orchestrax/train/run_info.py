@@ -1,0 +1,83 @@
+"""What a run leaves next to its metrics for the tools that come after it: the resolved
+TrainConfig as JSON (`train_config.json`), and from it the rollout settings a measurement of
+the trained policy should reuse (chat template flags, turn and token budgets, its env)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+RUN_CONFIG = "train_config.json"
+# Episode settings eval takes from the run unless a flag overrides them.
+EPISODE_KEYS = ("enable_thinking", "max_new_tokens", "max_turns", "context_tokens")
+
+
+def to_json(cfg: Any) -> dict[str, Any]:
+    """A frozen config as plain JSON values (tuples as lists; unknown objects as their repr)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=repr))
+
+
+def write(out_dir: pathlib.Path, cfg: Any) -> pathlib.Path:
+    path = pathlib.Path(out_dir) / RUN_CONFIG
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(to_json(cfg), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def find(directory: str | pathlib.Path) -> pathlib.Path | None:
+    """The run config of a run dir, of an HF export made from one, or of a run's `model/`."""
+    d = pathlib.Path(directory)
+    for candidate in (d / RUN_CONFIG, d.parent / RUN_CONFIG if d.name == "model" else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], pathlib.Path] | None:
+    """({"enable_thinking", "max_new_tokens", "max_turns", "context_tokens", "env",
+    "env_kwargs", "name"}, file) of the run that trained the policy in `directory`; None when it
+    carries no run config."""
+    path = find(directory)
+    if path is None:
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+        rollout = cfg["rollout"]
+        out = {k: rollout[k] for k in EPISODE_KEYS}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None
+    out |= {"env": cfg.get("env"), "env_kwargs": [tuple(kv) for kv in cfg.get("env_kwargs", [])],
+            "name": cfg.get("name")}
+    return out, path
+
+
+LOCK = ".train.lock"
+
+
+class OutDirLocked(RuntimeError):
+    pass
+
+
+def lock_out_dir(out_dir: pathlib.Path):
+    """Hold an exclusive lock on `out_dir` for the life of the returned file object, so a second
+    trainer on the same directory refuses (naming the first one's pid) instead of writing every
+    metrics row twice. The lock goes with the process, however it ends."""
+    import fcntl
+    import os
+    f = open(pathlib.Path(out_dir) / LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise OutDirLocked(f"TrainConfig.out_dir={str(out_dir)!r} is in use by another trainer "
+                           f"(pid {pid}); wait for it to finish or set another out_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f

@@ -1,0 +1,71 @@
+"""What a run tells its user: the short per-row line (step N/total, rate, ETA), warnings for
+steps that trained on nothing, the out_dir lock and the resolved config next to the metrics."""
+
+import json
+
+import pytest
+
+from orchestrax import models
+from orchestrax.train import console, run_info
+from orchestrax.train.config import RolloutConfig, TrainConfig
+
+
+class FakeTime:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_line_shows_step_of_total_rate_and_eta():
+    now = FakeTime()
+    clock = console.Clock(now)
+    row = {"phase": "rl", "step": 2, "reward_mean": 0.5, "accuracy": 0.25, "cost_mean": 0.001,
+           "filter/kept_fraction": 0.75, "loss": 0.0123, "grad_norm": 1.5, "tokens_mean": 600.0,
+           "time_step_s": 3.0}
+    assert console.line(row, 10, clock) == ("rl step 2/10  reward 0.5  acc 0.25  cost 0.001  "
+                                            "kept 0.75  loss 0.0123  grad 1.5")
+    now.t += 30.0  # two more steps in 30 s: 15 s/step, 6 steps left -> 90 s
+    line = console.line(row | {"step": 4}, 10, clock)
+    assert line.endswith("| 15 s/step, ETA 0:01:30") and "tokens" not in line
+    assert console.line({"phase": "eval", "step": 4, "accuracy": 1.0}, None, clock) == \
+        "eval at step 4  acc 1"
+
+
+def test_degenerate_steps_are_named():
+    base = {"phase": "rl", "step": 3, "grad_norm": 0.7, "filter/kept": 5, "format_error_rate": 0.1}
+    assert console.degenerate(base) == []
+    assert "trained on nothing" in console.degenerate(base | {"filter/kept": 0})[0]
+    assert "gradient norm is 0" in console.degenerate(base | {"grad_norm": 0.0})[0]
+    both = console.degenerate(base | {"format_error_rate": 1.0, "filter/kept": 0})
+    assert len(both) == 2 and "format error" in both[0]
+    assert console.degenerate({"phase": "eval", "step": 3, "filter/kept": 0}) == []
+
+
+def test_a_second_trainer_on_the_same_out_dir_is_refused_with_the_first_ones_pid(tmp_path):
+    import os
+    first = run_info.lock_out_dir(tmp_path)
+    with pytest.raises(run_info.OutDirLocked, match=f"pid {os.getpid()}.*another out_dir"):
+        run_info.lock_out_dir(tmp_path)
+    first.close()
+    run_info.lock_out_dir(tmp_path).close()  # released with its holder
+
+
+def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
+    cfg = TrainConfig(name="t", out_dir=str(tmp_path), model=models.tiny_config(), env_kwargs=(("num_eval", 4),),
+                      rollout=RolloutConfig(max_new_tokens=24, max_turns=2, context_tokens=768,
+                                            enable_thinking=False))
+    path = run_info.write(tmp_path, cfg)
+    assert json.loads(path.read_text())["rollout"]["group_size"] == 8
+    settings, found = run_info.policy_settings(tmp_path)
+    assert found == path
+    assert settings == {"enable_thinking": False, "max_new_tokens": 24, "max_turns": 2,
+                        "context_tokens": 768, "env": "routing", "env_kwargs": [("num_eval", 4)],
+                        "name": "t"}
+    (tmp_path / "model").mkdir()
+    assert run_info.policy_settings(tmp_path / "model")[1] == path
+    assert run_info.policy_settings(tmp_path / "model" / "x") is None
+    (tmp_path / run_info.RUN_CONFIG).write_text("{}")
+    with pytest.raises(ValueError, match="train_config.json: not a run config"):
+        run_info.policy_settings(tmp_path)
