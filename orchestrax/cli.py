@@ -58,12 +58,19 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
                                               "latency, calls per tool, preference adherence)"))
 
 
+def _synth_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.synth.main import add_arguments
+    add_arguments(sub.add_parser("synth", help="ToolScale pipeline: verified tasks (and domains) "
+                                               "from an OpenAI-compatible generator"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrax")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _train_parser(sub)
     _eval_parser(sub)
+    _synth_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         from orchestrax.train.serve import serve
@@ -74,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "eval":
         from orchestrax.eval.main import run as run_eval
         return run_eval(args)
+    if args.command == "synth":
+        from orchestrax.synth.main import run as run_synth
+        return run_synth(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

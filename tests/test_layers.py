@@ -26,7 +26,8 @@ ALLOWED = {
     "envs": {"agent", "data", "tools"},         # not the trainer
     "train": {"agent", "data", "envs", "models", "parallel", "rl", "rollout", "tools"},
     "eval": {"agent", "data", "envs", "models", "parallel", "rl", "rollout", "tools", "train"},
-    "cli": {"eval", "rollout", "train"},
+    "synth": {"envs", "tools"},                  # not the trainer
+    "cli": {"eval", "rollout", "synth", "train"},
 }
 # (package, package it imports) -> the only modules it may import there: the agent layer knows
 # the sampler interface, never a sampler implementation (DESIGN.md: agent must not know "how a
