@@ -210,12 +210,19 @@ class FlowRunner:
                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         q, g = outcome.shape
         names = [[t.spec.name for t in self.env.tools(task)] for task in tasks]
-        spt = self.cfg.rollout.seconds_per_token
-        sub = self.cfg.agent.subagent_seconds_per_token
+        spt, sub = self.speeds()
         return flow_batch(tasks, groups, outcome, self.agent_names, self.cfg.grpo, pad_id=pad_id,
                           max_turn_tokens=self.max_turn_tokens, row_multiple=q * g,
                           tool_names=names, seconds_per_token=spt,
-                          subagent_seconds_per_token=spt if sub is None else sub)
+                          subagent_seconds_per_token=sub)
+
+    def speeds(self) -> tuple[float, float]:
+        """(orchestrator, sub-agents) seconds per generated token on the reward's clock."""
+        spt, sub = self.cfg.rollout.seconds_per_token, self.cfg.agent.subagent_seconds_per_token
+        return spt, spt if sub is None else sub
+
+    def clock_s(self, rollout: SubagentRollout) -> float:
+        return rollout.clock_s(*self.speeds())
 
 
 def shared_tools(agent: AgentConfig) -> list:

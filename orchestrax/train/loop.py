@@ -399,10 +399,11 @@ class Trainer:
         groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
                                               temperature=self.cfg.eval_temperature)
         flat = [tr for gr in groups for tr in gr]
+        spt = self.cfg.rollout.seconds_per_token
+        clock = self.flow.clock_s if self.flow is not None else (lambda tr: tr.clock_s(spt))
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
-               "latency_mean": float(np.mean([tr.clock_s(self.cfg.rollout.seconds_per_token)
-                                              for tr in flat]))}
+               "latency_mean": float(np.mean([clock(tr) for tr in flat]))}
         return row | self.env.stats(tasks, groups) | self._sampler_counters()
 
     def _sampler_counters(self) -> dict[str, float]:
