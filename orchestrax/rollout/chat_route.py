@@ -13,7 +13,7 @@ from aiohttp import web
 
 from orchestrax.rollout import openai_chat as oai
 from orchestrax.rollout.base import GenerateRequest
-from orchestrax.rollout.http_io import STATE, error, merge, read_json, sse
+from orchestrax.rollout.http_io import STATE, error, json_response, merge, read_json, sse
 from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
 
@@ -35,7 +35,11 @@ def _render(st: ServerState, call: oai.ChatCall) -> list[int]:
                                                **call.template_kwargs)
     except Exception as e:  # template errors (bad roles, bad content) are the caller's input
         raise ProtocolError(f"messages could not be rendered by the chat template: {e}") from None
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a mapping
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a mapping
+    if not all(isinstance(t, int) for t in ids):
+        raise ProtocolError("messages and chat_template_kwargs did not render to a list of token "
+                            "ids")
+    return ids
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -60,6 +64,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ProtocolError as e:
         return error(str(e))
     cid, model = oai.completion_id(), st.served_model_name
+    client = object()   # this call's turn in the sampler's fair queue
 
     def token_text(tok: int) -> str:
         return st.tokenizer.decode([tok])
@@ -75,8 +80,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 "message": {"role": "assistant", "content": content, "tool_calls": calls or None}}
 
     if not call.stream:
-        done = await asyncio.gather(*(run_request(st, r, call.stop) for r in reqs))
-        return web.json_response(oai.completion_json(
+        done = await asyncio.gather(*(run_request(st, r, call.stop, client=client) for r in reqs))
+        return await json_response(oai.completion_json(
             cid, model, [choice(j, u) for j, u in enumerate(done)], len(ids),
             sum(len(u.output_ids) for u in done)))
 
@@ -87,7 +92,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             yield oai.chunk_json(cid, model, [{"index": j, "delta": {"role": "assistant",
                                                                      "content": ""},
                                                "logprobs": None, "finish_reason": None}])
-        async for j, u in merge([stream_request(st, r, call.stop) for r in reqs]):
+        async for j, u in merge([stream_request(st, r, call.stop, client=client)
+                                       for r in reqs]):
             used[j] = len(u.output_ids)
             if u.done and call.tools is not None:
                 # Tool calls are only known once the text is complete: send it whole.

@@ -31,6 +31,7 @@ from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, Generate
                                      TopLogprobs)
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
 from orchestrax.rollout.engine import ContinuousEngine, bucket
+from orchestrax.rollout.fair import FairQueue
 from orchestrax.rollout.validate import request_ids_error
 
 ENGINES = ("static", "continuous")
@@ -77,7 +78,7 @@ class EmbeddedSampler:
         self._getter: Callable[[], Any] = (params_or_getter if callable(params_or_getter)
                                            else lambda: self._params)
         self._rng = np.random.default_rng(seed)
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._queue = FairQueue()   # per client (one per `generate` call unless named)
         self._queued: dict[_Pending, None] = {}   # what the queue holds, in order, for abort
         self._running: list[_Pending] = []
         self._task: asyncio.Task | None = None
@@ -104,20 +105,24 @@ class EmbeddedSampler:
             return f"top_logprobs={r.top_logprobs}; must be in [0, {MAX_TOP_LOGPROBS}]"
         return None
 
-    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    async def generate(self, requests: Sequence[GenerateRequest], client: Any = None
+                       ) -> list[GenerateResult]:
+        """`client` keys the fair queue (requests of one client share its turn); None: this
+        call is a client of its own."""
         pendings = [self._admit(r) for r in requests]  # validate all before queueing any
-        self._enqueue(pendings)
+        self._enqueue(pendings, client)
         try:
             return list(await asyncio.gather(*(p.future for p in pendings)))
         finally:  # cancelled (the caller left): rows still queued or running are dropped
             for p in pendings:
                 p.future.cancel()
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamDelta]:
+    async def stream(self, request: GenerateRequest, client: Any = None
+                     ) -> AsyncIterator[StreamDelta]:
         """Deltas of one request as its decode chunks finish; the last carries the result.
         Closing the iterator early drops the request from its batch."""
         p = self._admit(request, stream=True)
-        self._enqueue([p])
+        self._enqueue([p], client)
         try:
             while True:
                 delta = await p.deltas.get()
@@ -169,11 +174,12 @@ class EmbeddedSampler:
                         future=asyncio.get_running_loop().create_future(),
                         deltas=asyncio.Queue() if stream else None)
 
-    def _enqueue(self, pendings: list[_Pending]) -> None:
+    def _enqueue(self, pendings: list[_Pending], client: Any = None) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._batch_loop())
+        client = object() if client is None else client
         for p in pendings:
-            self._queue.put_nowait(p)
+            self._queue.put_nowait(p, client, len(p.request.input_ids) + p.max_new)
             self._queued[p] = None
 
     async def _batch_loop(self) -> None:
@@ -188,17 +194,42 @@ class EmbeddedSampler:
                 batch.append(self._queue.get_nowait())
             for p in batch:
                 del self._queued[p]
-            batch = [p for p in batch if not p.future.done()]
+            batch = [p for p in batch if not p.future.done() and self._prepared(p)]
             if not batch:
                 continue
             self._running = batch
             try:
                 await self._run(batch)
             except Exception as e:  # a device failure fails this batch's callers, not the loop
-                for p in batch:
-                    self._finish(p, error=e)
+                await self._isolate(batch, e)
             finally:
                 self._running = []
+
+    def _prepared(self, p: _Pending) -> bool:
+        """Whether `p`'s row values fit the device arrays; if not, `p` fails alone."""
+        try:
+            self._rows([p], 1)
+        except Exception as e:
+            self._finish(p, error=e)
+            return False
+        return True
+
+    async def _isolate(self, batch: list[_Pending], error: Exception) -> None:
+        """A failed batch cannot say which row failed it: rerun each request alone, so only one
+        that fails by itself fails its caller. A stream that already got tokens fails (its
+        rerun would send them twice)."""
+        for p in batch:
+            if p.future.done():
+                continue
+            if len(batch) == 1 or (p.ids and p.deltas is not None):
+                self._finish(p, error=error)
+                continue
+            p.ids, p.logprobs, p.top = [], [], []
+            self._running = [p]
+            try:
+                await self._run([p])
+            except Exception as e:
+                self._finish(p, error=e)
 
     def _rows(self, batch: list[_Pending], rows: int) -> Rows:
         n_stop = bucket(max(len(p.request.sampling.stop_token_ids) for p in batch), lo=4,
@@ -346,16 +377,22 @@ class ContinuousSampler(EmbeddedSampler):
         # Engine rids are ours: copies of one request (n > 1) may share the caller's rid.
         key = str(self._next_key)
         self._next_key += 1
-        sp = dataclasses.replace(p.request.sampling, sampling_seed=p.seed)
-        self.engine.submit(dataclasses.replace(p.request, rid=key, sampling=sp),
-                           on_tokens=lambda *event: self._events.append(event))
+        try:
+            sp = dataclasses.replace(p.request.sampling, sampling_seed=p.seed)
+            self.engine.submit(dataclasses.replace(p.request, rid=key, sampling=sp),
+                               on_tokens=lambda *event: self._events.append(event))
+        except Exception as e:  # this request alone: the loop goes on with the others
+            self._finish(p, error=e)
+            return
         self._live[key] = p
 
     async def _batch_loop(self) -> None:
         while True:
             if not self._live:
                 self._join(await self._queue.get())
-            while not self._queue.empty():
+            # Only as many join as can start: the rest wait in the fair queue, where a later
+            # client's small request can still pass a giant call's backlog.
+            while not self._queue.empty() and self.engine.room > 0:
                 self._join(self._queue.get_nowait())
             for key in [k for k, p in self._live.items() if p.future.done()]:
                 self.engine.abort(key)   # the caller left: free its slot before this step
@@ -380,6 +417,10 @@ class ContinuousSampler(EmbeddedSampler):
             self._live.clear()
             return
         self.stats["steps"] += 1
+        for key, e in eng.failures:   # requests the engine dropped; the others went on
+            p = self._live.pop(key, None)
+            if p is not None:
+                self._finish(p, error=e)
         for key, ids, lps, top, result in self._events:
             p = self._live.get(key)
             if p is None or p.future.done():

@@ -271,6 +271,8 @@ class ContinuousEngine:
         self._queue: list[_Job] = []
         self._slots: list[_Job | None] = [None] * max_batch
         self._next_rid = 0
+        # (rid, exception) of the requests the last step dropped; the others went on
+        self.failures: list[tuple[str, Exception]] = []
         self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "tokens": 0}
 
     # --- public API ----------------------------------------------------------------------------
@@ -358,14 +360,31 @@ class ContinuousEngine:
                 job = self._queue.pop(0)
                 job.slot = slot
                 self._slots[slot] = job
+        self.failures = []
         for slot, job in enumerate(self._slots):
             if job is not None and job.next_chunk * job.chunk < len(job.padded_ids):
-                self._prefill(job, finished)
+                try:
+                    self._prefill(job, finished)
+                except Exception as e:
+                    if self._state_lost():
+                        raise  # the donated cache is gone: every row's caller must hear it
+                    # This one request failed (its settings, its chunk): drop its row, go on.
+                    self._slots[slot] = None
+                    self.failures.append((job.rid, e))
         decoding = [j for j in self._slots
                     if j is not None and j.next_chunk * j.chunk >= len(j.padded_ids)]
         if decoding:
             self._decode_once(finished)
         return finished
+
+    def _state_lost(self) -> bool:
+        return self._state is None or any(x.is_deleted() for x in jax.tree.leaves(self._state))
+
+    @property
+    def room(self) -> int:
+        """Requests that can be submitted now and start at the next step (free slots no queued
+        request is waiting for)."""
+        return sum(j is None for j in self._slots) - len(self._queue)
 
     def run(self) -> list[GenerateResult]:
         """Step until every submitted request finished; results in finishing order."""
@@ -377,9 +396,14 @@ class ContinuousEngine:
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """Submit all, run to completion, results in request order."""
         rids = [self.submit(r) for r in requests]
-        by_rid = {}
-        for res in self.run():
-            by_rid[res.rid] = res
+        by_rid, failed = {}, {}
+        while self.busy:
+            for res in self.step():
+                by_rid[res.rid] = res
+            failed.update(self.failures)
+        for rid in rids:
+            if rid in failed:
+                raise RuntimeError(f"request {rid} failed: {failed[rid]}") from failed[rid]
         return [by_rid[rid] for rid in rids]
 
     def span(self) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from orchestrax.rollout.runner import ServerState
-from orchestrax.rollout.validate import ProtocolError
+from orchestrax.rollout.validate import ProtocolError, json_depth_error
 
 STATE = web.AppKey("state", ServerState)
 
@@ -30,10 +30,29 @@ async def read_json(request: web.Request) -> Any:
             text=json.dumps({"error": {"message": "request body not received within "
                                                   f"{limits.read_timeout_s} s"}}),
             content_type="application/json") from None
+    # A body of many megabytes takes seconds to parse: a worker thread keeps /health and the
+    # other clients answered meanwhile.
+    return await asyncio.to_thread(parse_json, raw, limits.max_json_depth)
+
+
+def parse_json(raw: bytes, max_depth: int) -> Any:
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:  # ValueError covers JSONDecodeError
         raise ProtocolError(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError(f"request body nests arrays/objects deeper than {max_depth} "
+                            "levels") from None
+    why = json_depth_error(body, max_depth)
+    if why is not None:
+        raise ProtocolError(why)
+    return body
+
+
+async def json_response(value: Any, status: int = 200) -> web.Response:
+    """`web.json_response`, serialised in a worker thread (a 1,024-item answer takes a while)."""
+    text = await asyncio.to_thread(json.dumps, value)
+    return web.Response(text=text, status=status, content_type="application/json")
 
 
 

@@ -24,9 +24,15 @@ from typing import Any, Callable, Sequence
 from orchestrax.rollout.base import MAX_TOP_LOGPROBS, GenerateResult, SamplingParams, TopLogprobs
 from orchestrax.rollout.protocol import sampling_params, stop_strings
 from orchestrax.rollout.validate import (ProtocolError, ServeLimits, boolean, integer,
-                                         optional)
+                                         optional, unicode_text)
 
 DEFAULT_MAX_TOKENS = 512
+# apply_chat_template's own arguments: the server sets these, a client's kwargs may not (with
+# return_tensors or tokenize=False the render is no longer a list of ids).
+RESERVED_TEMPLATE_KWARGS = ("conversation", "tools", "documents", "chat_template",
+                            "add_generation_prompt", "continue_final_message", "tokenize",
+                            "padding", "truncation", "max_length", "return_tensors",
+                            "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -59,9 +65,9 @@ def _messages(value: Any, limits: ServeLimits) -> list[dict[str, Any]]:
                         and isinstance(part.get("text"), str)):
                     raise ProtocolError(f"messages[{i}].content[{j}]: only text parts are "
                                         "supported")
-                chars += len(part["text"])
+                chars += len(unicode_text(part["text"], f"messages[{i}].content[{j}].text"))
         elif isinstance(content, str):
-            chars += len(content)
+            chars += len(unicode_text(content, f"messages[{i}].content"))
         elif content is not None:
             raise ProtocolError(f"messages[{i}].content must be a string, a list of text parts "
                                 "or null")
@@ -98,6 +104,11 @@ def parse_chat(body: Any, *, vocab_size: int, limits: ServeLimits = ServeLimits(
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise ProtocolError("chat_template_kwargs must be an object")
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise ProtocolError(f"chat_template_kwargs.{key} is set by the server; template "
+                                "variables may not use the names "
+                                f"{', '.join(RESERVED_TEMPLATE_KWARGS)}")
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")

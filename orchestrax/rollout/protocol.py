@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from orchestrax.rollout.base import (MAX_TOKEN_ID, MAX_TOP_LOGPROBS, GenerateRequest,
                                      GenerateResult, SamplingParams)
 from orchestrax.rollout.validate import (ProtocolError, ServeLimits, boolean, integer, number,
-                                         optional, token_ids)
+                                         optional, token_ids, unicode_text)
 
 # Sampling keys the embedded sampler implements (`stop` strings are matched by the server).
 SUPPORTED_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids",
@@ -94,9 +94,12 @@ def sampling_params(*, temperature: Any = None, top_p: Any = None, top_k: Any = 
         temperature=0.0 if t < _GREEDY_EPS else t,
         top_p=1.0 if top_p is None else number(top_p, name("top_p"), lo=0.0, hi=1.0,
                                                lo_open=True),
-        top_k=-1 if top_k is None or top_k == -1 else integer(top_k, name("top_k"), lo=1),
+        # Every integer here reaches an int32 device array: bounded so none can overflow it.
+        top_k=-1 if top_k is None or top_k == -1 else integer(
+            top_k, name("top_k"), lo=1, hi=min(vocab_size, MAX_TOKEN_ID)),
         max_new_tokens=(SGLANG_DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None
-                        else integer(max_new_tokens, name("max_new_tokens"), lo=1)),
+                        else integer(max_new_tokens, name("max_new_tokens"), lo=1,
+                                     hi=MAX_TOKEN_ID)),
         stop_token_ids=tuple(sorted(set(stops))),
         sampling_seed=None if seed is None else integer(seed, name("sampling_seed"),
                                                         lo=-2**63, hi=2**63 - 1),
@@ -221,6 +224,8 @@ def parse_generate(body: Any, *, vocab_size: int = MAX_TOKEN_ID + 1, has_tokeniz
         prompts = raw if batched else [raw]
         if not prompts or not all(isinstance(t, str) for t in prompts):
             raise ProtocolError("text must be a string or a non-empty list of strings")
+        for i, t in enumerate(prompts):
+            unicode_text(t, f"text[{i}]" if batched else "text")
         chars = sum(len(t) for t in prompts)
         if chars > limits.max_text_chars:
             raise ProtocolError(f"text has {chars} characters; at most {limits.max_text_chars} "

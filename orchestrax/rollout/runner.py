@@ -75,12 +75,13 @@ class Update:
 
 
 async def stream_request(st: ServerState, req: GenerateRequest, stop: tuple[str, ...] = (),
-                         no_stop_trim: bool = False) -> AsyncIterator[Update]:
+                         no_stop_trim: bool = False, client: Any = None) -> AsyncIterator[Update]:
+    """`client` keys the sampler's fair queue: the requests of one HTTP call share a turn."""
     match = StopMatcher(st.decode, stop, no_stop_trim) if st.tokenizer is not None else None
     ids: list[int] = []
     lps: list[float] = []
     top: list[TopLogprobs] = []
-    async with contextlib.aclosing(st.sampler.stream(req)) as deltas:
+    async with contextlib.aclosing(st.sampler.stream(req, client)) as deltas:
         async for d in deltas:
             ids += d.output_ids
             lps += d.logprobs
@@ -105,14 +106,14 @@ async def stream_request(st: ServerState, req: GenerateRequest, stop: tuple[str,
 
 
 async def run_request(st: ServerState, req: GenerateRequest, stop: tuple[str, ...] = (),
-                      no_stop_trim: bool = False) -> Update:
+                      no_stop_trim: bool = False, client: Any = None) -> Update:
     """The final Update of one request (no intermediate text needed)."""
     if not stop:
-        res = (await st.sampler.generate([req]))[0]
+        res = (await st.sampler.generate([req], client))[0]
         text = st.decode(list(res.output_ids)) if st.tokenizer is not None else None
         return Update("", res.output_ids, res.logprobs, res.top_logprobs, done=True, result=res,
                       final_text=text)
-    async for u in stream_request(st, req, stop, no_stop_trim):
+    async for u in stream_request(st, req, stop, no_stop_trim, client):
         if u.done:
             return u
     raise AssertionError("a request's stream ended without a result")

@@ -34,7 +34,7 @@ from orchestrax import models
 from orchestrax.rollout.base import GenerateRequest
 from orchestrax.rollout.chat_route import chat_completions, list_models
 from orchestrax.rollout.embedded import ContinuousSampler
-from orchestrax.rollout.http_io import STATE, error, merge, read_json, sse
+from orchestrax.rollout.http_io import STATE, error, json_response, merge, read_json, sse
 from orchestrax.rollout.protocol import parse_generate, result_to_json
 from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
@@ -54,8 +54,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     t0 = time.perf_counter()
     try:
-        call = parse_generate(await read_json(request), vocab_size=st.sampler.cfg.vocab_size,
-                              has_tokenizer=st.tokenizer is not None, limits=st.limits)
+        # Checking a million input ids takes a while: off the event loop, like the parse.
+        call = await asyncio.to_thread(
+            parse_generate, await read_json(request), vocab_size=st.sampler.cfg.vocab_size,
+            has_tokenizer=st.tokenizer is not None, limits=st.limits)
         texts = [p for p in call.prompts if isinstance(p, str)]
         ids = iter(await st.tokenize(texts) if texts else [])
         items = call.items([next(ids) if isinstance(p, str) else p for p in call.prompts])
@@ -67,6 +69,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except ProtocolError as e:
         return error(str(e))
     decode = st.decode if st.tokenizer is not None else None
+    client = object()   # this call's turn in the sampler's fair queue
 
     def item_json(it, u: Update) -> dict[str, Any]:
         return result_to_json(u.result, return_logprob=it.return_logprob, rid=it.request.rid,
@@ -75,15 +78,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
                               e2e_latency=time.perf_counter() - t0)
 
     if not call.stream:
-        done = await asyncio.gather(*(run_request(st, it.request, it.stop, it.no_stop_trim)
-                                      for it in items))
+        done = await asyncio.gather(*(run_request(st, it.request, it.stop, it.no_stop_trim,
+                                                  client) for it in items))
         out = [item_json(it, u) for it, u in zip(items, done)]
-        return web.json_response(out if call.batched else out[0])
+        return await json_response(out if call.batched else out[0])
 
     async def events():
         # SGLang's cumulative stream format: every event carries the text and ids so far.
         texts = [""] * len(items)
-        streams = [stream_request(st, it.request, it.stop, it.no_stop_trim) for it in items]
+        streams = [stream_request(st, it.request, it.stop, it.no_stop_trim, client)
+                   for it in items]
         async for i, u in merge(streams):
             it = items[i]
             texts[i] += u.text
@@ -126,6 +130,8 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     except ProtocolError as e:
         return error(str(e))
     path, version = body["model_path"], body.get("weight_version")
+    if "\0" in path or not path:
+        return error(f"model_path={path[:60]!r}; must be a non-empty path without NUL bytes")
 
     def failed(message: str, status: int) -> web.Response:
         return web.json_response({"success": False, "message": message,

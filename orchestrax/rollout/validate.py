@@ -25,6 +25,7 @@ class ServeLimits:
     max_n: int = 64                    # copies of one prompt (`n`)
     max_requests: int = 1024           # prompts x n in one call
     max_stop: int = 64                 # stop ids, and stop strings, per request
+    max_json_depth: int = 64           # nesting of arrays/objects in a body
     read_timeout_s: float = 60.0       # to receive a whole request body
     idle_timeout_s: float = 60.0       # a connection with no request in flight is closed
 
@@ -81,6 +82,31 @@ def token_ids(value: Any, name: str, *, vocab_size: int, allow_empty: bool = Fal
     return tuple(value)
 
 
+def unicode_text(value: str, name: str) -> str:
+    """A string a tokenizer can encode: JSON's \\ud800 escapes can smuggle in lone surrogates,
+    which are not Unicode text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ProtocolError(f"{name} holds a lone surrogate at character {e.start}; must be "
+                            "valid Unicode text") from None
+    return value
+
+
+def json_depth_error(value: Any, limit: int) -> str | None:
+    """Why `value` nests deeper than `limit` arrays/objects, or None (iterative: a deep body
+    must not exhaust the interpreter's stack here either)."""
+    stack = [(value, 1)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, (list, dict)):
+            if depth > limit:
+                return f"request body nests arrays/objects deeper than {limit} levels"
+            stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x)
+                         if isinstance(y, (list, dict)))
+    return None
+
+
 def optional(body: dict, key: str, check, default: Any, *args: Any, name: str | None = None,
              **kw: Any) -> Any:
     """`check(body[key], name, ...)`, or `default` when the key is absent or null."""
@@ -98,4 +124,9 @@ def request_ids_error(r: Any, *, vocab_size: int, max_len: int) -> str | None:
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             return f"{name} holds {bad[:5]} outside the vocabulary [0, {vocab_size})"
+    top_k = r.sampling.top_k
+    if top_k != -1 and not 1 <= top_k <= vocab_size:
+        return f"top_k={top_k}; must be -1 or in [1, {vocab_size}] (the vocabulary)"
+    if not 1 <= r.sampling.max_new_tokens <= 2**31 - 1:
+        return f"max_new_tokens={r.sampling.max_new_tokens}; must be in [1, {2**31 - 1}]"
     return None

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
+import os
+import re
 import signal
 
 import jax
@@ -35,6 +38,27 @@ def param_dtype(name: str, backend: str | None = None) -> str:
     return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
+def start_error(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot start a server (one line naming the flag), or None."""
+    if args.api_key is not None and not args.api_key.strip():
+        return ("--api-key (or $ORCHESTRAX_SERVE_API_KEY) is empty: that would turn the bearer "
+                "check off; give a key, or unset it to serve without one")
+    for root in args.weight_root:
+        if not os.path.isdir(root):
+            return f"--weight-root {root!r} is not a directory"
+    host = args.host
+    if re.fullmatch(r"[0-9.]+", host) or ":" in host:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return f"--host {host!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1)"
+    elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", host):
+        return f"--host {host!r} is not a host name or IP address"
+    if not 0 <= args.port <= 65535:
+        return f"--port {args.port}; must be in [0, 65535]"
+    return None
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
     pdt = param_dtype(args.param_dtype)
     if args.tiny:
@@ -58,13 +82,18 @@ def build_state(args: argparse.Namespace) -> ServerState:
     return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
                        tokenizer_path=tok_path, chat_template=template,
                        served_model_name=args.served_model_name, limits=limits(args),
-                       api_key=args.api_key or None, weight_roots=tuple(args.weight_root),
+                       api_key=args.api_key, weight_roots=tuple(args.weight_root),
                        load_weights=lambda path: models.load_hf(path, dtype=args.dtype,
                                                                 param_dtype=pdt))
 
 
 async def _run(args: argparse.Namespace) -> None:
-    runner = await start(build_state(args), host=args.host, port=args.port)
+    state = build_state(args)
+    try:
+        runner = await start(state, host=args.host, port=args.port)
+    except OSError as e:  # address in use, not an address of this host, unresolvable name
+        raise SystemExit(f"orchestrax serve: cannot listen on {args.host}:{args.port}: "
+                         f"{e.strerror or e}") from None
     # The line tests and launch scripts wait for; flush so a pipe sees it at once.
     print(f"orchestrax serve: listening on http://{args.host}:{bound_port(runner)}", flush=True)
     stop = asyncio.Event()
@@ -76,6 +105,9 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    why = start_error(args)
+    if why is not None:
+        raise SystemExit(f"orchestrax serve: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(_run(args))
     return 0

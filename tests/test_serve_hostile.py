@@ -1,0 +1,275 @@
+"""`orchestrax serve` under hostile requests: every sampling integer is bounded at the protocol,
+a request that fails while it is served fails alone (both engines, both routes), the inputs that
+used to answer 500 answer 400 naming the field, unsafe start options are refused, bodies are
+parsed off the event loop, and a giant call cannot hold a small one back (the fair queue)."""
+
+import asyncio
+import dataclasses
+import json
+import threading
+
+import numpy as np
+import pytest
+from loopback import run_serve
+
+from orchestrax import cli, models
+from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+from orchestrax.rollout import http_io
+from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler
+from orchestrax.rollout.fair import FairQueue
+from orchestrax.rollout.server import ServerState
+
+TOK = tiny_qwen3_tokenizer()
+CFG = models.tiny_config(vocab_size=len(TOK), tie_embeddings=False)
+PARAMS = models.init_params(CFG, seed=0)
+ENGINES = {"static": lambda: EmbeddedSampler(CFG, PARAMS, max_batch=16, max_len=96,
+                                             min_bucket=16),
+           "continuous": lambda: ContinuousSampler(CFG, PARAMS, max_batch=16, max_len=96,
+                                                   prefill_chunk=16, decode_steps=4)}
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def serve(engine, fn, **state_kw):
+    return run_serve(lambda: ServerState(sampler=ENGINES[engine](), model_path="tiny",
+                                         tokenizer=TOK, **state_kw), fn)
+
+
+async def post(http, url, body, path="/generate"):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    async with http.post(url + path, data=data,
+                         headers={"Content-Type": "application/json"}) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+
+def good_generate(i):
+    return {"input_ids": [5, 17, 40 + i, 3], "sampling_params": {
+        "temperature": 0.9, "max_new_tokens": 5, "sampling_seed": i}}
+
+
+def good_chat(i):
+    return {"messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 5,
+            "temperature": 0.9, "seed": i}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_out_of_range_top_k_is_its_own_400_and_the_15_others_are_unchanged(engine):
+    """A top_k of 2**31 overflowed the int32 row and failed every request in flight (500)."""
+    bad_g = good_generate(99)
+    bad_g["sampling_params"]["top_k"] = 2**31
+    bad_c = good_chat(99) | {"top_k": 2**31}
+
+    async def fn(http, url, st):
+        def goods():
+            return [*(post(http, url, good_generate(i)) for i in range(15)),
+                    *(post(http, url, good_chat(i), "/v1/chat/completions") for i in range(15))]
+        alone = await asyncio.gather(*goods())
+        mixed = await asyncio.gather(post(http, url, bad_g), *goods(),
+                                     post(http, url, bad_c, "/v1/chat/completions"))
+        over_vocab = await post(http, url, good_chat(0) | {"top_k": len(TOK) + 1},
+                                "/v1/chat/completions")
+        return alone, mixed, over_vocab
+
+    alone, mixed, over_vocab = serve(engine, fn)
+    together = mixed[1:-1]
+    assert [s for s, _ in together] == [200] * 30
+    assert [b["output_ids"] for _, b in together[:15]] == [b["output_ids"] for _, b in alone[:15]]
+    assert [b["choices"][0]["message"] for _, b in together[15:]] == \
+        [b["choices"][0]["message"] for _, b in alone[15:]]
+    for status, body in (mixed[0], mixed[-1], over_vocab):
+        assert status == 400, body
+        assert "top_k" in body["error"]["message"]
+        assert f"[1, {len(TOK)}]" in body["error"]["message"]
+
+
+def poisoned(sampler, request):
+    """Queue `request` past admission (as a request the checks missed would arrive) and return
+    its future: the sampler must fail it alone when it is served."""
+    p = sampler._admit(dataclasses.replace(request, sampling=SamplingParams()))
+    p.request = request
+    sampler._enqueue([p])
+    return p.future
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_that_fails_while_served_fails_alone(engine):
+    goods = [GenerateRequest(input_ids=(5, 17, 40 + i, 3), sampling=SamplingParams(
+        temperature=0.9, max_new_tokens=5, sampling_seed=i)) for i in range(15)]
+    bad = GenerateRequest(input_ids=(5, 6, 7), sampling=SamplingParams(top_k=2**31))
+
+    async def main():
+        sampler = ENGINES[engine]()
+        alone = [r for (r,) in await asyncio.gather(*(sampler.generate([g]) for g in goods))]
+        together = asyncio.gather(*(sampler.generate([g]) for g in goods[:7]))
+        fut = poisoned(sampler, bad)
+        rest = asyncio.gather(*(sampler.generate([g]) for g in goods[7:]))
+        got = [r for (r,) in await together] + [r for (r,) in await rest]
+        with pytest.raises((OverflowError, ValueError)):
+            await fut
+        after = (await sampler.generate([goods[0]]))[0]   # the sampler went on serving
+        await sampler.aclose()
+        return alone, got, after
+
+    alone, got, after = asyncio.run(main())
+    assert [r.output_ids for r in got] == [r.output_ids for r in alone]
+    np.testing.assert_allclose([lp for r in got for lp in r.logprobs],
+                               [lp for r in alone for lp in r.logprobs], atol=1e-5)
+    assert after.output_ids == alone[0].output_ids
+
+
+def test_the_engine_drops_the_row_of_a_request_that_fails_and_goes_on():
+    from orchestrax.rollout.engine import ContinuousEngine
+    eng = ContinuousEngine(CFG, PARAMS, max_batch=4, max_len=64, prefill_chunk=16,
+                           decode_steps=4)
+    goods = [GenerateRequest(input_ids=(5, 6, 7 + i), rid=f"g{i}", sampling=SamplingParams(
+        temperature=0.7, max_new_tokens=6, sampling_seed=i)) for i in range(3)]
+    alone = [eng.generate([g])[0] for g in goods]
+    eng.submit(goods[0])
+    eng.submit(dataclasses.replace(goods[1], rid="bad"))
+    eng._queue[-1].request = GenerateRequest(   # past submit's checks, as a missed value would
+        input_ids=(5, 6), rid="bad", sampling=SamplingParams(top_k=2**31))
+    eng.submit(goods[2])
+    results, failures = {}, {}
+    while eng.busy:
+        results.update((r.rid, r) for r in eng.step())
+        failures.update(eng.failures)
+    assert list(failures) == ["bad"] and isinstance(failures["bad"], OverflowError)
+    assert [results[g.rid].output_ids for g in (goods[0], goods[2])] == \
+        [alone[0].output_ids, alone[2].output_ids]
+
+
+def test_inputs_that_answered_500_answer_400_naming_the_field(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    nested = []
+    for _ in range(70):   # parses fine, but deeper than ServeLimits.max_json_depth
+        nested = [nested]
+    nested_ok_json_too_deep = json.dumps({"input_ids": [5], "x": nested})
+
+    async def fn(http, url, st):
+        return [
+            (await post(http, url, '{"input_ids": ' + deep + "}"), "nests"),
+            (await post(http, url, nested_ok_json_too_deep), "nests"),
+            (await post(http, url, '{"text": "a \\ud800 b", "sampling_params": '
+                        '{"max_new_tokens": 2}}'), "text"),
+            (await post(http, url, '{"text": ["ok", "\\udfff"]}'), "text[1]"),
+            (await post(http, url, '{"messages": [{"role": "user", "content": "\\ud800"}]}',
+                        "/v1/chat/completions"), "messages[0].content"),
+            (await post(http, url, {"messages": MSGS, "chat_template_kwargs":
+                                    {"return_tensors": "np"}}, "/v1/chat/completions"),
+             "chat_template_kwargs.return_tensors"),
+            (await post(http, url, {"messages": MSGS, "chat_template_kwargs":
+                                    {"tokenize": False}}, "/v1/chat/completions"),
+             "chat_template_kwargs.tokenize"),
+            (await post(http, url, {"model_path": str(tmp_path) + "\0x"},
+                        "/update_weights_from_disk"), "model_path"),
+            (await post(http, url, {"input_ids": [5], "sampling_params":
+                                    {"max_new_tokens": 2**31}}), "max_new_tokens"),
+        ]
+
+    for (status, body), field in serve("continuous", fn, weight_roots=(str(tmp_path),)):
+        assert status == 400, (field, body)
+        assert field in body["error"]["message"], (field, body)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--api-key", ""], "--api-key"),
+    (["--api-key", "  "], "--api-key"),
+    (["--weight-root", "/nonexistent/weights"], "--weight-root '/nonexistent/weights'"),
+    (["--host", "999.1.1.1"], "--host '999.1.1.1' is not an IP address"),
+    (["--host", "bad host"], "--host 'bad host'"),
+])
+def test_serve_refuses_unsafe_start_options_in_one_line(argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--tiny", *argv])
+    assert str(e.value).startswith("orchestrax serve: ") and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_an_empty_api_key_from_the_environment_is_refused(monkeypatch):
+    monkeypatch.setenv("ORCHESTRAX_SERVE_API_KEY", "")
+    with pytest.raises(SystemExit, match="ORCHESTRAX_SERVE_API_KEY"):
+        cli.main(["serve", "--tiny"])
+
+
+def test_bodies_are_parsed_and_checked_off_the_event_loop(monkeypatch):
+    threads = []
+    real_json, real_generate = http_io.parse_json, __import__(
+        "orchestrax.rollout.server", fromlist=["parse_generate"]).parse_generate
+
+    def spy(real):
+        def wrapped(*a, **kw):
+            threads.append(threading.current_thread() is threading.main_thread())
+            return real(*a, **kw)
+        return wrapped
+
+    monkeypatch.setattr(http_io, "parse_json", spy(real_json))
+    monkeypatch.setattr("orchestrax.rollout.server.parse_generate", spy(real_generate))
+
+    async def fn(http, url, st):
+        return await post(http, url, {"input_ids": [5] * 50, "sampling_params":
+                                      {"max_new_tokens": 2}})
+
+    status, _ = serve("static", fn)
+    assert status == 200 and threads == [False, False]
+
+
+def test_the_fair_queue_lets_a_small_request_pass_a_giant_backlog():
+    async def main():
+        q = FairQueue()
+        for i in range(1024):
+            q.put_nowait(("giant", i), "giant", 4000)
+        taken = [q.get_nowait() for _ in range(3)]
+        q.put_nowait(("small", 0), "small", 50)
+        order = [q.get_nowait() for _ in range(5)]
+        # Idle clients bank no credit: one that comes back late does not jump the others.
+        for i in range(5):
+            q.put_nowait(("late", i), "late", 50)
+        q.put_nowait(("small", 1), "small", 50)
+        later = [q.get_nowait()[0] for _ in range(4)]
+        return taken, order, later, q.qsize()
+
+    taken, order, later, left = asyncio.run(main())
+    assert taken == [("giant", 0), ("giant", 1), ("giant", 2)]
+    assert order == [("small", 0), ("giant", 3), ("giant", 4), ("giant", 5), ("giant", 6)]
+    # "small" comes back after the giant took 4 more turns: it resumes level with "late" (a
+    # new client), not ahead of it with credit from its idle time.
+    assert later == ["late", "small", "late", "late"]
+    assert left == 1024 - 3 + 1 - 5 + 6 - 4
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_giant_call_delays_a_small_one_by_a_bounded_number_of_turns(engine):
+    """One call of 48 requests is queued first; a small call that arrives once the giant has
+    started finishes after at most two batches' worth of the giant's requests (FIFO: all)."""
+    def make():
+        kw = dict(max_batch=4, max_len=64)
+        return (EmbeddedSampler(CFG, PARAMS, min_bucket=16, chunk_tokens=4, **kw)
+                if engine == "static" else
+                ContinuousSampler(CFG, PARAMS, prefill_chunk=16, decode_steps=4, **kw))
+
+    giant = [GenerateRequest(input_ids=(5, 6, 7, i % 50), sampling=SamplingParams(
+        temperature=0.0, max_new_tokens=4, stop_token_ids=())) for i in range(48)]
+    small = GenerateRequest(input_ids=(9, 9), sampling=SamplingParams(max_new_tokens=2))
+
+    async def main():
+        sampler = make()
+        done_giants = []
+
+        async def one(r):
+            await sampler.generate([r], client="giant")
+            done_giants.append(r)
+
+        tasks = [asyncio.create_task(one(r)) for r in giant]
+        while not (sampler._running or getattr(sampler, "_live", None)):
+            await asyncio.sleep(0.001)   # the giant call is being served
+        await sampler.generate([small], client="small")
+        before_small = len(done_giants)
+        await asyncio.gather(*tasks)
+        await sampler.aclose()
+        return before_small
+
+    assert asyncio.run(main()) <= 2 * 4 + 4
