@@ -23,7 +23,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.executor import ToolExecutor
-from orchestrax.agent.parser import ToolCallParser
+from orchestrax.agent.parser import MAX_CALLS_PER_TURN, ToolCallParser
 from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
 from orchestrax.tools.base import Tool
@@ -41,10 +41,11 @@ class EpisodeConfig:
     sampling: SamplingParams = SamplingParams()  # its max_new_tokens/stop ids are set per turn
     sampler_attempts: int = 3         # a failed generate() is retried, then the episode ends
     sampler_backoff_s: float = 0.5
+    max_calls_per_turn: int = MAX_CALLS_PER_TURN   # the rest become one error observation
 
     def __post_init__(self):
         at_least(self, 1, "max_turns", "context_tokens", "max_new_tokens", "max_format_errors",
-                 "sampler_attempts")
+                 "sampler_attempts", "max_calls_per_turn")
         at_least(self, 0, "sampler_backoff_s")
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError("EpisodeConfig.sampling must be a SamplingParams")
@@ -117,7 +118,7 @@ class _Episode:
         self.sampler, self.codec, self.task, self.config = sampler, codec, task, config
         self.executor, self.user = executor, user
         self.tools = {t.spec.name: t for t in tools}
-        self.parser = ToolCallParser([t.spec for t in tools])
+        self.parser = ToolCallParser([t.spec for t in tools], config.max_calls_per_turn)
         messages = prompt_messages(task)
         ids = codec.encode_prompt(chat.prompt_parts(messages, tools=[t.spec for t in tools],
                                                     enable_thinking=config.enable_thinking))

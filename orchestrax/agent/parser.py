@@ -23,6 +23,8 @@ _THINK_RE = re.compile(r"<think>|</think>")
 # Deeper JSON parses, but then fails to pickle (an `EpisodePool` worker sends trajectories back
 # pickled) or to validate; no real tool takes arguments nested anywhere near this.
 MAX_NESTING = 64
+MAX_CALLS_PER_TURN = 16   # calls run from one turn; the rest become one error observation
+MAX_ECHO_CHARS = 200      # of a model-written name or value repeated in an error message
 CALL_FORMAT = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 
 
@@ -71,7 +73,10 @@ def split_thinking(text: str) -> tuple[str, str]:
 class ToolCallParser:
     """Parses turns against a fixed set of tools; schemas are compiled once, at construction."""
 
-    def __init__(self, specs: Sequence[ToolSpec]):
+    def __init__(self, specs: Sequence[ToolSpec], max_calls: int = MAX_CALLS_PER_TURN):
+        if not isinstance(max_calls, int) or max_calls < 1:
+            raise ValueError(f"ToolCallParser max_calls={max_calls!r}; must be an int >= 1")
+        self.max_calls = max_calls
         names = [s.name for s in specs]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -82,7 +87,12 @@ class ToolCallParser:
     def parse(self, text: str) -> ParsedTurn:
         reasoning, visible = split_thinking(text)
         blocks, unclosed = tagged_blocks(visible, "<tool_call>", "</tool_call>")
-        calls = [self._parse_call(raw) for raw in blocks]
+        calls = [self._parse_call(raw) for raw in blocks[:self.max_calls]]
+        if len(blocks) > self.max_calls:
+            extra = len(blocks) - self.max_calls
+            calls.append(ParsedCall(name="", arguments={}, raw="", error=(
+                f"Error: {len(blocks)} tool calls in one turn; at most {self.max_calls} run per "
+                f"turn, so the last {extra} were not run. Make fewer calls per turn.")))
         if unclosed is not None:
             calls.append(ParsedCall(name="", arguments={}, raw=unclosed, error=(
                 "Error: a <tool_call> block was opened but never closed with </tool_call>. "
@@ -103,28 +113,39 @@ class ToolCallParser:
             return bad('Error: a tool call must be a JSON object with a string "name" and an '
                        f'"arguments" object. Write each call as {CALL_FORMAT}')
         name, args = obj["name"], obj.get("arguments", {})
+        shown = clip(name)
         if isinstance(args, str):  # some models JSON-encode the arguments twice
             try:
                 args = json.loads(args)
             except (ValueError, RecursionError):
                 pass
         if not isinstance(args, dict):
-            return bad(f'Error: "arguments" of tool {name!r} must be a JSON object, got '
+            return bad(f'Error: "arguments" of tool {shown} must be a JSON object, got '
                        f"{type(args).__name__}.", name)
         if nested_deeper_than(args, MAX_NESTING):
-            return bad(f'Error: "arguments" of tool {name!r} are nested more than {MAX_NESTING} '
+            return bad(f'Error: "arguments" of tool {shown} are nested more than {MAX_NESTING} '
                        "levels deep.", name)
         validator = self._validators.get(name)
         if validator is None:
-            return bad(f"Error: unknown tool {name!r}. Available tools: {self._available}.",
+            return bad(f"Error: unknown tool {shown}. Available tools: {self._available}.",
                        name, args)
         try:
             problem = schema.schema_error(validator, args)
         except RecursionError:
             problem = "arguments nested too deeply"
         if problem is not None:
-            return bad(f"Error: invalid arguments for tool {name!r}: {problem}.", name, args)
+            return bad(f"Error: invalid arguments for tool {shown}: "
+                       f"{clip(problem, 2 * MAX_ECHO_CHARS, quote=False)}.", name, args)
         return ParsedCall(name=name, arguments=args, raw=raw)
+
+
+def clip(text: str, limit: int = MAX_ECHO_CHARS, quote: bool = True) -> str:
+    """`text` (repr'd when `quote`) cut to `limit` characters, saying how long it was: an error
+    observation must not hand a megabyte the model wrote back to it."""
+    shown = repr(text) if quote else text
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... ({len(text)} characters)"
 
 
 def _json_problem(e: Exception) -> str:

@@ -6,6 +6,7 @@ Preset numbers are the published `config.json` values of the Qwen3 dense checkpo
 from __future__ import annotations
 
 import dataclasses
+import math
 
 ARCHITECTURES = ("qwen3", "llama")
 DTYPES = ("float32", "bfloat16")
@@ -45,6 +46,11 @@ class ModelConfig:
                      "num_kv_heads", "head_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)}; must be >= 1")
+        for name in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
+            value = getattr(self, name)
+            # `not value > 0` so NaN is refused too: a negative theta or eps trains to NaN.
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"ModelConfig.{name}={value}; must be a finite number > 0")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")

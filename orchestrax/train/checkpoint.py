@@ -5,28 +5,35 @@ Crash safety comes in three layers:
 - Orbax writes each step into a temporary directory and renames it on commit, so a save killed
   half-way (the step loop does not wait for it) leaves no step behind;
 - once a save has committed (checked at the next save and at close) a manifest of every file's
-  size is written into the step; a newest step
-  whose files no longer match it (a truncated data file), or whose JSON metadata does not parse,
-  is named in one log line and moved aside, and the previous step is restored instead;
+  size and SHA-256 is written into the step; a newest step whose files no longer match it (a
+  truncated file, flipped bytes of the same size, an edited metadata or stream position), whose
+  JSON metadata does not parse, or whose metadata the caller's `check` refuses (a step number
+  that disagrees with the directory's), is named in one log line and moved aside, and the
+  previous step is restored instead;
 - any other restore error of the newest step counts the same, once an older step restores onto
   the same target (an error every step shares, such as a changed model config, is raised).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
 import pathlib
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "orchestrax_manifest.json"  # in the step directory: {relative path: size in bytes}
+# In the step directory: {"files": {relative path: {"size": bytes, "sha256": hex}}}; manifests
+# written before checksums were kept are {relative path: size in bytes}.
+MANIFEST = "orchestrax_manifest.json"
+_HASH_CHUNK = 8 << 20
 
 
 def abstract_like(tree: Any) -> Any:
@@ -100,14 +107,19 @@ class Checkpointer:
         return True
 
     def restore(self, like_state: Any, step: int | None = None, *, data: Any = None,
-                partial: bool = False) -> tuple[Any, dict[str, Any]]:
+                partial: bool = False,
+                check: Callable[[int, dict[str, Any]], str | None] | None = None
+                ) -> tuple[Any, dict[str, Any]]:
         """Restore onto the shardings of `like_state` (which may differ from the saved ones) and,
         when given, set grain iterator `data` to its saved position. Without `step`, the newest
         whole step: corrupt ones are logged, moved aside and skipped.
 
         `partial`: `like_state` is a nested dict naming a subset of the saved state's leaves
         (e.g. `{"params": ...}`); only those are read from disk, the others are never opened,
-        and the result has `like_state`'s structure. The step is still checked whole first."""
+        and the result has `like_state`'s structure. The step is still checked whole first.
+
+        `check(step, meta)`, called once the step (and `data`) is restored: why its metadata or
+        stream position disagrees with the step, or None; a step it refuses counts as corrupt."""
         steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
@@ -116,6 +128,9 @@ class Checkpointer:
             try:
                 self._verify(s)
                 out = self._restore(s, like_state, data, partial)
+                why = check(s, out["meta"]) if check is not None else None
+                if why is not None:
+                    raise CorruptCheckpoint(s, self.directory / str(s) / "meta", why)
             except Exception as e:  # noqa: BLE001 -- judged below, once an older step restores
                 if step is not None:
                     raise
@@ -178,16 +193,22 @@ class Checkpointer:
         manifest = root / MANIFEST
         if manifest.is_file():
             try:
-                sizes = json.loads(manifest.read_text())
+                files = json.loads(manifest.read_text())
             except json.JSONDecodeError as e:
                 raise CorruptCheckpoint(step, manifest, f"not JSON ({e.msg})") from None
-            for rel, size in sizes.items():
+            files = files.get("files", files)
+            for rel, saved in files.items():
                 path = root / rel
+                size, digest = (saved, None) if isinstance(saved, int) else (saved["size"],
+                                                                              saved["sha256"])
                 if not path.is_file():
                     raise CorruptCheckpoint(step, path, "missing")
                 if path.stat().st_size != size:
                     raise CorruptCheckpoint(step, path, f"{path.stat().st_size} bytes, "
                                                         f"{size} when saved (truncated?)")
+                if digest is not None and _sha256(path) != digest:
+                    raise CorruptCheckpoint(step, path, "content differs from when it was saved "
+                                                        "(SHA-256 mismatch)")
         for path in sorted(root.rglob("*")):
             if path.is_file() and (path.name in ("_METADATA", "_CHECKPOINT_METADATA")
                                    or path.parent.name == "meta" and path.name == "metadata"):
@@ -204,10 +225,10 @@ class Checkpointer:
         root = self.directory / str(step)
         if step is None or not root.is_dir() or jax.process_index() != 0:
             return
-        sizes = {str(p.relative_to(root)): p.stat().st_size
+        files = {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": _sha256(p)}
                  for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
         tmp = root / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(sizes, indent=0))
+        tmp.write_text(json.dumps({"files": files}, indent=0))
         tmp.rename(root / MANIFEST)  # a manifest is whole or absent
         log.info("checkpoint of step %d committed", step)
 
@@ -234,6 +255,28 @@ class Checkpointer:
         """Wait for the last save to commit, then release Orbax's threads."""
         self._finish_pending()
         self._mngr.close()
+
+
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def nonfinite_after_restore(metrics: dict[str, float], restored_step: int | None
+                            ) -> str | None:
+    """Why the first step after restoring `restored_step` must stop the run (its loss or
+    gradient norm is not finite: the restored state is broken), or None."""
+    bad = {k: v for k in ("loss", "grad_norm") if k in metrics
+           and not math.isfinite(v := float(metrics[k]))}
+    if restored_step is None or not bad:
+        return None
+    return (f"the first step after restoring checkpoint step {restored_step} has "
+            f"{', '.join(f'{k}={v}' for k, v in bad.items())}: the restored state is broken, so "
+            f"nothing was saved and step {restored_step} was left as it is; move it aside "
+            "(or restore an older step) to resume from the one before")
 
 
 def _first_line(e: BaseException) -> str:

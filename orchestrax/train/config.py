@@ -7,12 +7,15 @@ differs (`dataclasses.replace`); nothing is read from YAML.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 from typing import Any
 
 import jax
 
+from orchestrax.agent import chat
 from orchestrax.agent.checks import at_least
+from orchestrax.agent.episode import prompt_messages
 from orchestrax.models import ModelConfig
 from orchestrax.models.configs import REMAT_POLICIES
 from orchestrax.parallel import MeshConfig
@@ -217,6 +220,51 @@ def check_paths(cfg: TrainConfig) -> None:
     if cfg.hf_path is not None and not (pathlib.Path(cfg.hf_path) / "config.json").is_file():
         raise FileNotFoundError(f"TrainConfig.hf_path={cfg.hf_path!r}: no config.json there; "
                                 "give a local Hugging Face checkpoint directory")
+
+
+def check_out_dir(cfg: TrainConfig) -> pathlib.Path:
+    """Create `out_dir` and prove it writable, in one line naming the field when it is not."""
+    out = pathlib.Path(cfg.out_dir)
+    probe = out / ".orchestrax_write_probe"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"TrainConfig.out_dir={cfg.out_dir!r} is not a writable directory "
+                         f"({e.strerror or e}); give a directory this process can write") from None
+    return out
+
+
+def check_vocab(cfg: TrainConfig, tokenizer: Any) -> None:
+    """The model's embedding covers every id the tokenizer emits (a smaller vocabulary indexes
+    past the embedding table: NaN or garbage, no error). Before any weights are loaded."""
+    n = len(tokenizer)
+    if cfg.hf_path is not None:
+        hf = json.loads((pathlib.Path(cfg.hf_path) / "config.json").read_text())
+        vocab = hf.get("vocab_size", hf.get("text_config", {}).get("vocab_size"))
+        source = f"hf_path={cfg.hf_path!r} (config.json)"
+    else:
+        vocab, source = cfg.model.vocab_size, "model.vocab_size"
+    if isinstance(vocab, int) and vocab < n:
+        raise ValueError(f"{source} gives vocab_size={vocab}, smaller than the {n} tokens of "
+                         f"tokenizer={cfg.tokenizer!r}; must be >= {n}")
+
+
+def check_context(cfg: TrainConfig, env: Any, codec: Any, tasks: Any) -> None:
+    """`rollout.context_tokens` holds the first train task's prompt (system prompt and tools
+    included) and leaves room to generate: else every episode ends before its first turn."""
+    if not tasks:
+        return
+    task = tasks[0]
+    prompt_tokens = len(codec.encode_prompt(chat.prompt_parts(
+        prompt_messages(task), tools=[t.spec for t in env.tools(task)],
+        enable_thinking=cfg.rollout.enable_thinking)))
+    where = f"the prompt of train task {task.task_id!r}"
+    if prompt_tokens >= cfg.rollout.context_tokens:
+        raise ValueError(f"rollout.context_tokens={cfg.rollout.context_tokens} cannot hold "
+                         f"{where}, which is {prompt_tokens} tokens before any reply; must be "
+                         f"> {prompt_tokens}")
 
 
 def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int) -> None:

@@ -33,7 +33,8 @@ from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.rollout.sglang_client import SGLangClient
 from orchestrax.tools.randomize import instance_seed
-from orchestrax.train import batching, config, console, episodes, run_info, setup, warmstart
+from orchestrax.train import (batching, checkpoint, config, console, episodes, run_info, setup,
+                              warmstart)
 from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
@@ -46,8 +47,7 @@ log = logging.getLogger(__name__)
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.out = pathlib.Path(cfg.out_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = config.check_out_dir(cfg)
         # One trainer per out_dir: a second one would append every metrics row again.
         self._lock = run_info.lock_out_dir(self.out) if jax.process_index() == 0 else None
         log.info("orchestrax train %s: building the env, model and sampler", cfg.name)
@@ -66,6 +66,8 @@ class Trainer:
         self.mesh = parallel.make_mesh(cfg.mesh)
         self.tokenizer = setup.load_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
+        config.check_vocab(cfg, self.tokenizer)
+        config.check_context(cfg, self.env, self.codec, self.train_tasks)
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
         config.check_master_weights(cfg, params)
         if jax.process_index() == 0:
@@ -82,6 +84,7 @@ class Trainer:
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)
         self.step = 0
+        self._just_restored: int | None = None   # checkpoint step of a restore not yet trained
         self.phase = "sft" if cfg.sft_steps else "rl"
         self.ref_params = None
         # Task indices per RL step; its position is saved with every checkpoint.
@@ -120,8 +123,9 @@ class Trainer:
     # --- checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> tuple[int, int]:
         """Restore the newest whole checkpoint; returns its metrics row count and global step."""
-        state, meta = self.ckpt.restore(self.state, data=self.task_ids)
+        state, meta = self.ckpt.restore(self.state, data=self.task_ids, check=self._check_meta)
         self.phase, self.step, self.state = meta["phase"], meta["step"], state
+        self._just_restored = self.ckpt.restored_step
         resumed_at = self._global_step()
         if self.phase == "sft" and self.step >= self.cfg.sft_steps:
             # Warm start finished: RL begins with a fresh optimizer on the warm params.
@@ -129,6 +133,30 @@ class Trainer:
         log.info("resumed %s phase at step %d", self.phase, self.step)
         # Checkpoints from before rows were counted keep every row.
         return meta.get("metrics_rows", 1 << 62), resumed_at
+
+    def _check_meta(self, step: int, meta: dict[str, Any]) -> str | None:
+        """Why a checkpoint's metadata or task-stream position disagrees with its step."""
+        phase, n = meta.get("phase"), meta.get("step")
+        if phase not in ("sft", "rl") or not isinstance(n, int):
+            return f"metadata phase={phase!r} step={n!r}; expected phase sft or rl, an int step"
+        if n + (self.cfg.sft_steps if phase == "rl" else 0) != step:
+            return f"metadata says {phase} step {n}, which is not checkpoint step {step}"
+        # One batch of task ids per RL step: the stream's position is the RL step.
+        position = self.task_ids.get_state().get("next_index")
+        expect = n if phase == "rl" else 0
+        if position is not None and position != expect:
+            return f"task stream is at batch {position}; {phase} step {n} has used {expect}"
+        return None
+
+    def _stop_if_broken(self, metrics: dict[str, Any]) -> None:
+        """The first step after a restore: a non-finite loss or gradient stops the run before
+        anything is saved over the restored step."""
+        if self._just_restored is None:
+            return
+        why = checkpoint.nonfinite_after_restore(_floats(metrics), self._just_restored)
+        self._just_restored = None
+        if why is not None:
+            raise RuntimeError(why)
 
     def _save(self, force: bool = False) -> None:
         meta = {"phase": self.phase, "step": self.step, "metrics_rows": self.metrics.rows}
@@ -192,6 +220,7 @@ class Trainer:
             batch = next(batches)  # the same on every process: each places its devices' rows
             self.state, metrics = sft.step(self.state, batching.from_global_rows(
                 batch, rl.batch_shardings(batch, self.mesh)))
+            self._stop_if_broken(metrics)
             self.step += 1
             bar.update()
             if self.step % 10 == 0 or self.step == cfg.sft_steps:
@@ -240,6 +269,7 @@ class Trainer:
                 batch["ref_logprobs"] = self._ref_logprobs(
                     self.ref_params, batch["tokens"], batch["attention_mask"])
             self.state, metrics = self.update.step(self.state, batch)
+            self._stop_if_broken(metrics)
             self.step += 1
             await self._publish_weights()
             row = {"phase": "rl", "step": self.step, **stats, **_floats(metrics),
