@@ -278,11 +278,12 @@ def test_cgroup_v2_files_on_a_stand_in_tree(tmp_path):
     (own / "cgroup.subtree_control").mkdir()
     parent = sandbox_limits._v2_parent(str(root), "/", "/system.slice/ci.service")
     assert parent == root / "system.slice"
-    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids"
-    cg = sandbox_limits.RunCgroup(sandbox_limits.CgroupHost(version=2, parents=(parent,)),
-                                  "orchestrax-sandbox-7")
-    cg.create(300 << 20, 20)
+    assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    cg = sandbox_limits.RunCgroup(sandbox_limits.CgroupHost(version=2, parents=(parent,),
+                                                            cpu=True), "orchestrax-sandbox-7")
+    cg.create(300 << 20, 20, cpu_cores=0.5)
     d = parent / "orchestrax-sandbox-7"
+    assert (d / "cpu.max").read_text() == "50000 100000"
     assert (d / "memory.max").read_text() == str(300 << 20)
     assert (d / "pids.max").read_text() == "20"
     assert (d / "memory.oom.group").read_text() == "1"

@@ -39,9 +39,11 @@ def test_syscall_numbers_match_libseccomp(arch):
     assert CLONE3[arch] == libseccomp_number(arch, "clone3")
 
 
-def run_bpf(prog: bytes, nr: int, arch: int, arg0: int = 0) -> int:
-    """Classic BPF as the kernel runs a seccomp filter, for the opcodes a filter may use here."""
-    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+def run_bpf(prog: bytes, nr: int, arch: int, arg0: int = 0, args: tuple[int, ...] = ()) -> int:
+    """Classic BPF as the kernel runs a seccomp filter, for the opcodes a filter may use here;
+    `args` (all six, zero-filled) replaces `arg0` when given."""
+    six = (tuple(args) + (0,) * 6)[:6] if args else (arg0, 0, 0, 0, 0, 0)
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *six)
     insns = [struct.unpack("<HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
     acc, pc = 0, 0
     while True:

@@ -60,6 +60,11 @@ class SandboxConfig:
     output_bytes: int = 16 << 10           # per stream, before the truncation marker
     host_uid_base: int = 200_000           # only used when running as root
     host_uid_slots: int = 64               # most runs at once; a run waits for a free uid
+    cpu_cores: float = 1.0                 # CPU quota of the whole run (with a cgroup)
+    # Host-wide cap on the memory limits of concurrent runs (as root, where leases are
+    # host-wide): fewer runs are admitted at once when slots x memory_bytes would exceed it.
+    # 0: half of the host's RAM.
+    memory_budget_bytes: int = 0
 
     def __post_init__(self):
         if self.mode not in ("bwrap", "none"):
@@ -69,9 +74,12 @@ class SandboxConfig:
                              "'uid'")
         for field in ("wall_timeout_s", "cpu_seconds", "address_space_bytes", "file_size_bytes",
                       "tmpfs_bytes", "open_files", "processes", "output_bytes", "host_uid_slots",
-                      "memory_bytes", "host_uid_base"):
+                      "memory_bytes", "host_uid_base", "cpu_cores"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"SandboxConfig.{field}={getattr(self, field)}; must be > 0")
+        if self.memory_budget_bytes < 0:
+            raise ValueError(f"SandboxConfig.memory_budget_bytes={self.memory_budget_bytes}; "
+                             "must be >= 0 (0: half of the host's RAM)")
         if not os.path.isabs(self.python):
             raise ValueError(f"SandboxConfig.python={self.python!r}; must be an absolute path")
 
@@ -270,10 +278,18 @@ async def run_python(code: str, config: SandboxConfig) -> SandboxResult:
     t0 = time.monotonic()
     try:
         check_available(config)
+        budget = config.memory_budget_bytes or sandbox_limits.host_memory_bytes() // 2
+        slots = sandbox_limits.concurrent_runs(config.host_uid_slots, config.memory_bytes,
+                                               budget)
+        if slots < 1:
+            raise SandboxUnavailable(
+                f"SandboxConfig.memory_bytes={config.memory_bytes} is over the memory budget of "
+                f"all runs together ({budget} bytes, memory_budget_bytes)")
         lease = await sandbox_limits.acquire(
-            uid_base=config.host_uid_base, uid_slots=config.host_uid_slots,
+            uid_base=config.host_uid_base, uid_slots=slots,
             wait_s=config.wall_timeout_s, use_cgroup=config.limits != "uid",
-            memory_bytes=config.memory_bytes, processes=config.processes)
+            memory_bytes=config.memory_bytes, processes=config.processes,
+            cpu_cores=config.cpu_cores)
     except (SandboxUnavailable, sandbox_limits.SandboxBusy) as e:
         return _failed(e, t0)
     except Exception as e:  # a host fault (cgroupfs, /proc, fds): the episode goes on without it

@@ -29,7 +29,8 @@ import time
 log = logging.getLogger(__name__)
 
 CGROUP_PREFIX = "orchestrax-sandbox-"
-_CONTROLLERS = ("memory", "pids")
+_CONTROLLERS = ("memory", "pids")   # required; "cpu" is used where the host has it
+CPU_PERIOD_US = 100_000
 
 
 class SandboxBusy(RuntimeError):
@@ -89,10 +90,33 @@ async def kill_uid(uid: int, timeout_s: float = 5.0) -> list[int]:
 
 # ---------------------------------------------------------------- memory without a cgroup
 
+# What one inode of the run's tmpfs costs the kernel (inode + dentry slab, rounded up): empty
+# files and directories hold no pages but do hold this.
+INODE_BYTES = 1024
+_TMPFS_DIRS = ("tmp", "dev/shm")
+
+
+@functools.cache
+def socket_buffer_bytes() -> int:
+    """The most one socket of a run can hold queued: the host's default send plus receive
+    buffer (the seccomp filter refuses setsockopt of a larger one)."""
+    total = 0
+    for name in ("wmem_default", "rmem_default"):
+        try:
+            total += int(pathlib.Path(f"/proc/sys/net/core/{name}").read_text())
+        except (OSError, ValueError):
+            total += 212_992  # the kernel's default
+    return total
+
+
 def tree_private_bytes(root_pid: int) -> int:
-    """Resident anonymous + shared-memory bytes of `root_pid` and every descendant (file-backed
-    pages such as the interpreter's libraries are left out: they are shared and reclaimable)."""
-    total, stack, seen = 0, [root_pid], set()
+    """What the run under `root_pid` holds that no cgroup counts for it here: resident anonymous
+    + shared-memory bytes of every process of the tree (file-backed pages such as the
+    interpreter's libraries are left out: shared and reclaimable), the pages and inodes of its
+    private tmpfs mounts, and the buffers its sockets can hold (each counted in full: what is
+    queued in a socket shows in no process's memory)."""
+    total, stack, seen, mounts, sockets = 0, [root_pid], set(), set(), set()
+    host_tmp = {os.stat(f"/{d}").st_dev for d in _TMPFS_DIRS if os.path.isdir(f"/{d}")}
     while stack:
         pid = stack.pop()
         if pid in seen:
@@ -102,12 +126,27 @@ def tree_private_bytes(root_pid: int) -> int:
             for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith(("RssAnon:", "RssShmem:")):
                     total += int(line.split()[1]) * 1024
+            for d in _TMPFS_DIRS:
+                path = f"/proc/{pid}/root/{d}"
+                dev = os.stat(path).st_dev
+                if dev not in mounts and dev not in host_tmp:
+                    mounts.add(dev)
+                    vfs = os.statvfs(path)
+                    total += ((vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
+                              + (vfs.f_files - vfs.f_ffree) * INODE_BYTES)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except FileNotFoundError:
+                    continue
+                if target.startswith("socket:"):
+                    sockets.add(target)
             for tid in os.listdir(f"/proc/{pid}/task"):
                 children = pathlib.Path(f"/proc/{pid}/task/{tid}/children").read_text()
                 stack += map(int, children.split())
-        except (FileNotFoundError, ProcessLookupError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # exited between two reads
-    return total
+    return total + len(sockets) * socket_buffer_bytes()
 
 
 async def watch_memory(root_pid: int, limit_bytes: int, period_s: float = 0.05) -> None:
@@ -177,11 +216,13 @@ async def lease_uid(base: int, slots: int, wait_s: float) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class CgroupHost:
-    """Where run cgroups are created: for v2 one directory with memory and pids enabled in its
-    subtree; for v1 the caller's own cgroup in the memory and in the pids hierarchy."""
+    """Where run cgroups are created: for v2 one directory with memory and pids (and cpu, where
+    the host has it) enabled in its subtree; for v1 the caller's own cgroup in the memory, pids
+    and (where writable) cpu hierarchies."""
 
     version: int
-    parents: tuple[pathlib.Path, ...]  # v2: (dir,); v1: (memory dir, pids dir)
+    parents: tuple[pathlib.Path, ...]  # v2: (dir,); v1: (memory dir, pids dir[, cpu dir])
+    cpu: bool = False                  # runs get a CPU quota (and an equal share)
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
@@ -215,11 +256,14 @@ def _v2_parent(mount: str, root: str, own: str) -> pathlib.Path | None:
     d, top = _under(mount, root, own), pathlib.Path(mount)
     while True:
         try:
-            if set(_CONTROLLERS) <= set((d / "cgroup.controllers").read_text().split()):
+            available = set((d / "cgroup.controllers").read_text().split())
+            if set(_CONTROLLERS) <= available:
                 enabled = set((d / "cgroup.subtree_control").read_text().split())
-                if not set(_CONTROLLERS) <= enabled:
+                want = set(_CONTROLLERS) | ({"cpu"} & available)
+                if not want <= enabled:
                     # fails (EBUSY) when d holds processes and is not the root: then go up
-                    (d / "cgroup.subtree_control").write_text("+memory +pids")
+                    (d / "cgroup.subtree_control").write_text(
+                        " ".join(f"+{c}" for c in sorted(want - enabled)))
                 return d
         except OSError:
             pass
@@ -242,7 +286,9 @@ def cgroup_host() -> CgroupHost | None:
         if fstype == "cgroup2" and "" in own:
             parent = _v2_parent(mount, root, own[""])
             if parent is not None:
-                return CgroupHost(version=2, parents=(parent,))
+                cpu = "cpu" in (parent / "cgroup.subtree_control").read_text().replace(
+                    "+", "").split()
+                return CgroupHost(version=2, parents=(parent,), cpu=cpu)
     parents = []
     for controller in _CONTROLLERS:
         found = [_under(m, r, own[controller]) for m, r, t, opts in mounts
@@ -250,6 +296,10 @@ def cgroup_host() -> CgroupHost | None:
         if not found or not os.access(found[0], os.W_OK):
             return None
         parents.append(found[0])
+    cpu = [_under(m, r, own["cpu"]) for m, r, t, opts in mounts
+           if t == "cgroup" and "cpu" in opts and "cpu" in own]
+    if cpu and os.access(cpu[0], os.W_OK):
+        return CgroupHost(version=1, parents=(*parents, cpu[0]), cpu=True)
     return CgroupHost(version=1, parents=tuple(parents))
 
 
@@ -263,12 +313,22 @@ class RunCgroup:
         return tuple(p / self.name for p in self.host.parents)
 
     def _file(self, controller: str, name: str) -> pathlib.Path:
-        d = self.dirs[0] if self.host.version == 2 else self.dirs[_CONTROLLERS.index(controller)]
+        d = self.dirs[0] if self.host.version == 2 else self.dirs[
+            (*_CONTROLLERS, "cpu").index(controller)]
         return d / name
 
-    def create(self, memory_bytes: int, processes: int) -> None:
+    def create(self, memory_bytes: int, processes: int, cpu_cores: float = 1.0) -> None:
         for d in self.dirs:
             d.mkdir()
+        if self.host.cpu:
+            # A quota on the whole run, however many processes (or sessions) it spins up, and
+            # the default weight, so every run gets the same share of a contended CPU.
+            quota = max(1000, int(cpu_cores * CPU_PERIOD_US))
+            if self.host.version == 2:
+                self._file("cpu", "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            else:
+                self._file("cpu", "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                self._file("cpu", "cpu.cfs_quota_us").write_text(str(quota))
         mem = functools.partial(self._file, "memory")
         if self.host.version == 2:
             mem("memory.max").write_text(str(memory_bytes))
@@ -372,20 +432,67 @@ class Lease:
                 self.lock_fd = None
 
 
+def host_memory_bytes() -> int:
+    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no MemTotal in /proc/meminfo")
+
+
+def concurrent_runs(uid_slots: int, memory_bytes: int, budget_bytes: int) -> int:
+    """How many runs may hold a lease at once, host-wide: the uid slots, fewer when their
+    memory limits would add up past the budget (leases are host-wide, so this bounds every
+    process's runs together)."""
+    return min(uid_slots, budget_bytes // memory_bytes)
+
+
+_reaped: set[pathlib.Path] = set()
+
+
+async def reap_orphans(host: CgroupHost, uid_base: int, uid_slots: int) -> list[str]:
+    """Remove the run cgroups a crashed holder left in our parents (their uid's lease is free),
+    once per process and parent set; returns their names."""
+    if host.parents in _reaped:
+        return []
+    _reaped.add(host.parents)
+    names = sorted({d.name for parent in host.parents if parent.is_dir()
+                    for d in parent.iterdir() if d.name.startswith(CGROUP_PREFIX)})
+    reaped = []
+    for name in names:
+        try:
+            uid = int(name.removeprefix(CGROUP_PREFIX))
+        except ValueError:
+            continue
+        fd = _try_lease(uid, set())
+        if fd is None:   # leased now, or its processes are still alive
+            continue
+        try:
+            await RunCgroup(host=host, name=name).kill_and_remove()
+            reaped.append(name)
+        finally:
+            os.close(fd)
+    if reaped:
+        log.info("removed %d sandbox cgroups left by crashed runs: %s", len(reaped),
+                 ", ".join(reaped))
+    return reaped
+
+
 async def acquire(*, uid_base: int, uid_slots: int, wait_s: float, use_cgroup: bool,
-                  memory_bytes: int, processes: int) -> Lease:
+                  memory_bytes: int, processes: int, cpu_cores: float = 1.0) -> Lease:
     """A lease for one run. As root: a free uid, plus a cgroup when `use_cgroup` and the host
     allows one. Not root: an empty lease."""
     if os.geteuid() != 0:
         return Lease(uid=None, cgroup=None, lock_fd=None)
+    host = cgroup_host() if use_cgroup else None
+    if host is not None:
+        await reap_orphans(host, uid_base, uid_slots)
     uid, fd = await lease_uid(uid_base, uid_slots, wait_s)
     lease = Lease(uid=uid, cgroup=None, lock_fd=fd)
     try:
-        host = cgroup_host() if use_cgroup else None
         if host is not None:
             lease.cgroup = RunCgroup(host=host, name=f"{CGROUP_PREFIX}{uid}")
             await lease.cgroup.kill_and_remove()  # a leftover of a crashed holder of this uid
-            lease.cgroup.create(memory_bytes, processes)
+            lease.cgroup.create(memory_bytes, processes, cpu_cores)
     except BaseException:
         await lease.release()
         raise

@@ -4,7 +4,10 @@ Built here, not with libseccomp, so nothing beyond the standard library is neede
 kill the process for any foreign syscall ABI (i386 on x86_64, arm32 on aarch64, and x86_64's x32
 numbers get EPERM), EPERM for the kernel-attack-surface and escape syscalls in `BLOCKED`, EPERM
 for `clone` with any namespace flag, ENOSYS for `clone3` (its flags sit behind a pointer the filter
-cannot read; glibc then falls back to `clone`), ALLOW for everything else.
+cannot read; glibc then falls back to `clone`), EPERM for `socket` of the VSOCK family (the one
+family that reaches a hypervisor from a private network namespace), EPERM for `setsockopt` of a
+socket buffer size (so every socket holds at most the host's default buffers, which the uid-mode
+memory bound counts), ALLOW for everything else.
 """
 
 from __future__ import annotations
@@ -54,8 +57,19 @@ BLOCKED: dict[str, tuple[int | None, int | None]] = {
     "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
     "quotactl": (179, 60), "quotactl_fd": (443, 443), "lookup_dcookie": (212, 18),
     "vhangup": (153, 58), "uselib": (134, None), "iopl": (172, None), "ioperm": (173, None),
+    # Memory no bound sees in uid mode (no cgroup): a memfd filled by write() is in no mapping
+    # and on no mount, and a SysV segment outlives every process that attached it. POSIX shm
+    # lives in the run's /dev/shm tmpfs instead, which is size-capped and counted.
+    "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194),
 }
 CLONE = {"x86_64": 56, "aarch64": 220}
+SOCKET = {"x86_64": 41, "aarch64": 198}
+AF_VSOCK = 40
+SETSOCKOPT = {"x86_64": 54, "aarch64": 208}
+SOL_SOCKET = 1
+# SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE
+BUFFER_OPTIONS = (7, 8, 32, 33)
+_ARG1_LOW_OFFSET, _ARG2_LOW_OFFSET = 24, 32
 CLONE3 = {"x86_64": 435, "aarch64": 435}
 
 
@@ -95,6 +109,22 @@ def build_filter(arch: str | None = None) -> bytes:
                      if numbers[column] is not None):
         prog += [_insn(_JEQ_K, nr, jf=1), eperm]
     prog += [_insn(_JEQ_K, CLONE3[arch], jf=1), _ret(RET_ERRNO | errno.ENOSYS),
+             # socket(AF_VSOCK, ...): the family is args[0]
+             _insn(_JEQ_K, SOCKET[arch], jf=3),
+             _insn(_LD_W_ABS, _ARG0_LOW_OFFSET),
+             _insn(_JEQ_K, AF_VSOCK, jf=1),
+             _ret(RET_ERRNO | errno.EAFNOSUPPORT),
+             # setsockopt(fd, SOL_SOCKET, one of BUFFER_OPTIONS, ...)
+             _insn(_JEQ_K, SETSOCKOPT[arch], jf=8),
+             _insn(_LD_W_ABS, _ARG1_LOW_OFFSET),
+             _insn(_JEQ_K, SOL_SOCKET, jf=6),
+             _insn(_LD_W_ABS, _ARG2_LOW_OFFSET),
+             _insn(_JEQ_K, BUFFER_OPTIONS[0], jt=3),
+             _insn(_JEQ_K, BUFFER_OPTIONS[1], jt=2),
+             _insn(_JEQ_K, BUFFER_OPTIONS[2], jt=1),
+             _insn(_JEQ_K, BUFFER_OPTIONS[3], jf=1),
+             eperm,
+             _insn(_LD_W_ABS, _NR_OFFSET),
              _insn(_JEQ_K, CLONE[arch], jt=1),
              _ret(RET_ALLOW),
              _insn(_LD_W_ABS, _ARG0_LOW_OFFSET),
