@@ -157,6 +157,7 @@ def test_a_broken_restored_state_stops_the_run_without_saving(tmp_path):
     first._save(force=True)
     first.ckpt.close()
     first.metrics.close()
+    first._lock.close()   # the out_dir lock, as the process's end would release it
 
     second = Trainer(cfg)
     assert second.ckpt.restored_step == 1 and second.phase == "sft" and second.step == 1
