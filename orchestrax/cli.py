@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Sequence
 
+from orchestrax.train.arg_types import at_least, tokenizer_dir
+
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="SGLang-compatible HTTP server backed by the embedded sampler")
@@ -14,11 +16,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--model", help="HF safetensors directory (Qwen3 / Llama)")
     src.add_argument("--tiny", action="store_true",
                      help="random tiny Qwen3 + tiny Qwen3-style tokenizer (tests, CPU demo)")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    p.add_argument("--tokenizer", type=tokenizer_dir, help="tokenizer directory (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=4096)
+    p.add_argument("--port", type=at_least(0), default=30000)
+    p.add_argument("--max-batch", type=at_least(1), default=64)
+    p.add_argument("--max-len", type=at_least(2), default=4096,
+                   help="tokens per sequence, prompt and output together")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--param-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights are cast to this once at load (auto: bfloat16 on GPU/TPU, "
@@ -64,28 +67,52 @@ def _synth_parser(sub: argparse._SubParsersAction) -> None:
                                                "from an OpenAI-compatible generator"))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrax")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _train_parser(sub)
     _eval_parser(sub)
     _synth_parser(sub)
+    for p in sub.choices.values():
+        p.add_argument("--debug", action="store_true",
+                       help="show the traceback of a user error (bad config, path, flag)")
+    return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a user can fix from the message alone: bad values, missing or busy files and ports.
+    Anything else is a bug and keeps its traceback."""
+    from orchestrax.train.run_info import OutDirLocked
+    return ValueError, OSError, OutDirLocked
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except _user_errors() as e:
+        if args.debug:
+            raise
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"orchestrax {args.command}: error: {msg} (--debug shows the traceback)",
+              file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from orchestrax.train.serve import serve
         return serve(args)
     if args.command == "train":
         from orchestrax.train.main import run
         return run(args.config, args.set)
-    if args.command == "eval":
-        from orchestrax.eval.main import run as run_eval
-        return run_eval(args)
     if args.command == "synth":
         from orchestrax.synth.main import run as run_synth
         return run_synth(args)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+    from orchestrax.eval.main import run as run_eval
+    return run_eval(args)
 
 
 if __name__ == "__main__":

@@ -148,9 +148,13 @@ def test_cli_on_a_run_checkpoint_and_its_hf_export(tmp_path):
     _check_payload(tmp_path / "out_bf16")
 
 
-def test_cli_refuses_an_ambiguous_url():
+def test_cli_refuses_an_ambiguous_url(capsys):
+    args = ["eval", "--policy", "http://x", "--tasks", "routing", "--no-progress"]
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert "sglang:http://x" in err and err.count("\n") == 1 and "Traceback" not in err
     with pytest.raises(ValueError, match="sglang:http://x"):
-        cli(["eval", "--policy", "http://x", "--tasks", "routing", "--no-progress"])
+        cli(args + ["--debug"])
 
 
 def test_failed_requests_are_errors_and_fail_the_command(tmp_path, capsys):

@@ -76,3 +76,17 @@ def test_plot_panels_are_the_ones_with_data():
     assert [lab for lab, *_ in drawn["accuracy"]] == ["train", "eval"]
     assert drawn["kept fraction"][0][2] == [0.75]
     assert all(xs for series in drawn.values() for _, xs, _, _ in series)
+
+
+def test_tensorboard_itself_reads_the_run_events(tmp_path):
+    """BUILD.md's `tensorboard --logdir runs/` after `pip install -e '.[tensorboard]'`: the
+    installed TensorBoard's own reader finds the scalars."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    (tmp_path / "run").mkdir()
+    log = MetricsLog(tmp_path / "run", keep_rows=0, resume_step=None)
+    for step in (1, 2):
+        log.write({"phase": "rl", "step": step, "loss": 0.5 / step}, step)
+    log.close()
+    mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path)).Reload()
+    (run,) = mux.Runs()
+    assert [(e.step, e.value) for e in mux.Scalars(run, "rl/loss")] == [(1, 0.5), (2, 0.25)]

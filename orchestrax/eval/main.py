@@ -25,6 +25,7 @@ from orchestrax.eval.suite import DEFAULT_SWEEP, EvalRun, run_eval, write_output
 from orchestrax.eval.tasksets import TaskSetOptions
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.train.arg_types import at_least, tokenizer_dir
 
 
 def _endpoint(url: str | None, model: str | None, key_env: str | None, flag: str):
@@ -179,12 +180,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "openai:URL")
     p.add_argument("--model", help="model name for an openai: policy")
     p.add_argument("--api-key-env", help="env var with the bearer key of an openai: policy")
-    p.add_argument("--tokenizer", help="'tiny' or a HF tokenizer dir (default: the policy dir's)")
+    p.add_argument("--tokenizer", type=tokenizer_dir, help="'tiny' or a HF tokenizer dir (default: the policy dir's)")
     p.add_argument("--tasks", nargs="+", required=True,
                    help="routing, tau2:retail, tau2:airline, frames, musique, bamboogle, aime, "
                         "or a .jsonl path")
     p.add_argument("--split", help="override the task set's default split")
-    p.add_argument("--limit", type=int, help="first N tasks of each set")
+    p.add_argument("--limit", type=at_least(1), help="first N tasks of each set")
     p.add_argument("--config", help="configs/x.py[:fn]: tool set and pricing (TrainConfig.tools)")
     p.add_argument("--sheet", help="pricing sheet to reprice the tools with (e.g. eval_heldout)")
     p.add_argument("--policy-price", metavar="MODEL",
@@ -202,15 +203,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: --policy")
     p.add_argument("--subagent-price", metavar="MODEL",
                    help="bill the sub-agents' tokens at this model's row of the sheet")
-    p.add_argument("--max-turns", type=int,
+    p.add_argument("--max-turns", type=at_least(1),
                    help="turns per episode (default: the policy's training run, else 50)")
     p.add_argument("--turn-sweep",
                    help="comma-separated turn limits ('' for none; default: those of "
                         "10,20,50,100 below --max-turns, cut from the main run)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-new-tokens", type=int,
+    p.add_argument("--max-new-tokens", type=at_least(1),
                    help="tokens per turn (default: the policy's training run, else 4096)")
-    p.add_argument("--context-tokens", type=int,
+    p.add_argument("--context-tokens", type=at_least(1),
                    help="context limit (default: the policy's training run, else 32768)")
     p.add_argument("--param-dtype", default="float32", choices=PARAM_DTYPES,
                    help="the embedded sampler's params (a run's fp32 master weights are cast as "
@@ -224,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a failed request is an error, not a wrong answer)")
     p.add_argument("--seconds-per-token", type=float,
                    help="charge this per generated token instead of measured generation time")
-    p.add_argument("--max-in-flight", type=int, default=64)
+    p.add_argument("--max-in-flight", type=at_least(1), default=64)
     p.add_argument("--grader", choices=("exact", "math", "judge"))
     p.add_argument("--judge-url")
     p.add_argument("--judge-model")

@@ -170,8 +170,14 @@ def load_hf(path: str | os.PathLike, dtype: str = "float32", mesh: Mesh | None =
     serve-only copy that never trains."""
     path = pathlib.Path(path)
     cfg_file = path / "config.json"
+    if not cfg_file.exists() and (path / "model" / "config.json").is_file() and \
+            (path / "checkpoints").is_dir():
+        raise FileNotFoundError(
+            f"{path} is a training run dir, not a Hugging Face directory; export it first "
+            f"(python scripts/export_hf.py {path} OUT_DIR) and load OUT_DIR")
     if not cfg_file.exists():
-        raise FileNotFoundError(f"{path}: no config.json")
+        raise FileNotFoundError(f"{path}: no config.json there; give a Hugging Face model "
+                                "directory (config.json + safetensors)")
     cfg = config_from_hf(json.loads(cfg_file.read_text()), dtype=dtype, param_dtype=param_dtype)
     src = _TensorSource(path)
     shapes = jax.eval_shape(lambda: init_params(cfg))

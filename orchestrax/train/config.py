@@ -220,6 +220,9 @@ def check_paths(cfg: TrainConfig) -> None:
     if cfg.hf_path is not None and not (pathlib.Path(cfg.hf_path) / "config.json").is_file():
         raise FileNotFoundError(f"TrainConfig.hf_path={cfg.hf_path!r}: no config.json there; "
                                 "give a local Hugging Face checkpoint directory")
+    if cfg.init_from is not None and not (pathlib.Path(cfg.init_from) / "checkpoints").is_dir():
+        raise FileNotFoundError(f"TrainConfig.init_from={cfg.init_from!r}: no checkpoints/ there; "
+                                "give the out_dir of an earlier orchestrax train run")
 
 
 def check_out_dir(cfg: TrainConfig) -> pathlib.Path:

@@ -104,10 +104,25 @@ async def _run(args: argparse.Namespace) -> None:
     await runner.cleanup()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Before the model loads (seconds to minutes): a busy port is refused at once."""
+    import socket
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise OSError(f"--port {port} on {host} is not free ({e.strerror}); stop what "
+                          "listens there or pick another --port") from None
+
+
 def serve(args: argparse.Namespace) -> int:
     why = start_error(args)
     if why is not None:
         raise SystemExit(f"orchestrax serve: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    check_port_free(args.host, args.port)
     asyncio.run(_run(args))
     return 0
