@@ -1,6 +1,6 @@
 """Every command line in README.md and BUILD.md code blocks is checked against the real code:
 `orchestrax ...` lines are parsed by the real CLI parser (not run: they name GPU servers and
-full-size runs); `python scripts/...`, `python bench/...` and `python -m ...` lines name a file or
+full-size runs); `python scripts/...`, `python bench/...` and `python -m` lines name a file or
 module that exists, and every `--flag` they pass appears in that file's argument parser."""
 
 import importlib.util
@@ -21,6 +21,9 @@ def _commands() -> list[tuple[str, str]]:
         for block in re.findall(r"```[^\n]*\n(.*?)```", (ROOT / doc).read_text(), re.S):
             for line in block.replace("\\\n", " ").splitlines():
                 for seg in line.split(";"):
+                    # usage notation: [optional parts] dropped, "..." (more of the same) a value
+                    seg = re.sub(r"\[[^\]]*\]", " ", seg)
+                    seg = re.sub(r"(?<!\S)\.\.\.(?!\S)", "MORE", seg)
                     words = shlex.split(seg, comments=True)
                     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # env assignments
                         words = words[1:]
