@@ -255,7 +255,8 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(sh
     assert report["domains"]["shop"]["base"] == {
         "tasks_in": 8, "kept": 2, "passed": {"well_formed": 7, "known_tools": 7, "executes": 6,
                                              "not_no_op": 5, "info_grounded": 4,
-                                             "three_checks": 3, "not_duplicate": 2}}
+                                             "three_checks": 3, "not_duplicate": 2},
+        "dropped_at": {check: 1 for check in DROPPED_AT.values()}}
 
     # Every kept task passes the three checks when an agent replays its gold path.
     from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord

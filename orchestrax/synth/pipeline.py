@@ -27,6 +27,7 @@ from orchestrax.envs.tau2.verify import gold_actions
 from orchestrax.synth import prompts
 from orchestrax.synth.exercise import exercise
 from orchestrax.synth.generator import Generator
+from orchestrax.tools.chat_client import ChatError
 from orchestrax.tools.domain_worker import DomainWorker, WorkerConfig, WorkerFailed
 
 CHECKS = ("well_formed", "known_tools", "executes", "not_no_op", "info_grounded",
@@ -125,13 +126,13 @@ async def write_tasks(gen: Generator, domain: WorkerDomain, n: int, seed: int) -
         task_id = f"{domain.name}_{k}"
         row = {"id": task_id, "domain": domain.name,
                "subject": {"table": subject["table"], "key": subject["key"]}}
-        text = await gen.complete(f"tasks/{domain.name}", prompts.task_prompt(
-            domain.name, domain.policy, domain.descriptions, subject, k))
         try:
+            text = await gen.complete(f"tasks/{domain.name}", prompts.task_prompt(
+                domain.name, domain.policy, domain.descriptions, subject, k))
             return {**row, "task": prompts.tau2_task(task_id, domain.name,
                                                      prompts.parse_json(text))}
-        except ValueError as e:
-            return {**row, "task": None, "error": str(e)}
+        except (ValueError, ChatError) as e:  # a refused request loses this task, not the run
+            return {**row, "task": None, "error": str(e)[:500]}
 
     picked = subjects(domain.folder, n, rng)
     return list(await asyncio.gather(*(one(k, s) for k, s in enumerate(picked))))
@@ -145,13 +146,13 @@ async def evolve_tasks(gen: Generator, domain: WorkerDomain, kept: list[dict]) -
         task_id = f"{row['id']}_evolved"
         out = {"id": task_id, "domain": domain.name, "subject": row["subject"],
                "parent": row["id"], "parent_steps": len(gold_actions(row["task"]))}
-        text = await gen.complete(f"evolve/{domain.name}", prompts.evolve_prompt(
-            domain.name, domain.descriptions, row["task"], subject))
         try:
+            text = await gen.complete(f"evolve/{domain.name}", prompts.evolve_prompt(
+                domain.name, domain.descriptions, row["task"], subject))
             return {**out, "task": prompts.tau2_task(task_id, domain.name,
                                                      prompts.parse_json(text))}
-        except ValueError as e:
-            return {**out, "task": None, "error": str(e)}
+        except (ValueError, ChatError) as e:
+            return {**out, "task": None, "error": str(e)[:500]}
 
     return list(await asyncio.gather(*(one(r) for r in kept)))
 
@@ -212,9 +213,11 @@ def _split(ids: list[str]) -> dict[str, list[str]]:
 
 
 def report(rows: list[dict]) -> dict[str, Any]:
-    """Tasks in, how many passed each check, how many were kept."""
+    """Tasks in, how many passed each check, how many were dropped at each, how many kept."""
     passed = collections.Counter(c for r in rows for c, ok in r["checks"].items() if ok)
+    dropped = collections.Counter(c for r in rows for c, ok in r["checks"].items() if not ok)
     return {"tasks_in": len(rows), "passed": {c: passed[c] for c in CHECKS if c in passed},
+            "dropped_at": {c: dropped[c] for c in CHECKS if c in dropped},
             "kept": sum(r["kept"] for r in rows)}
 
 
