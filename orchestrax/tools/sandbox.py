@@ -320,18 +320,22 @@ def _filter_pipe() -> int:
     return r
 
 
-async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Lease,
-                      t0: float) -> SandboxResult:
+async def spawn(config: SandboxConfig, lease: sandbox_limits.Lease,
+                args: tuple[str, ...] = ("-",), **kwargs) -> tuple[asyncio.subprocess.Process,
+                                                                    int | None]:
+    """Start the sandboxed interpreter under `lease` with piped stdin/stdout/stderr; returns it
+    and the read end of bwrap's --info-fd pipe (None without bwrap), for `_namespace_init`.
+    `kwargs` go to create_subprocess_exec (e.g. `limit`)."""
     bwrap = config.mode == "bwrap"
     info_r, info_w = os.pipe() if bwrap else (None, None)
     seccomp_r = _filter_pipe() if bwrap else None
     child_fds = tuple(fd for fd in (info_w, seccomp_r) if fd is not None)
     try:
         proc = await asyncio.create_subprocess_exec(
-            *lease.argv_prefix(), *build_argv(config, info_w, seccomp_r),
+            *lease.argv_prefix(), *build_argv(config, info_w, seccomp_r, args),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": "/usr/bin:/bin"},
-            cwd="/", pass_fds=child_fds)
+            cwd="/", pass_fds=child_fds, **kwargs)
     except BaseException:
         if info_r is not None:
             os.close(info_r)
@@ -339,6 +343,13 @@ async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Le
     finally:
         for fd in child_fds:
             os.close(fd)
+    return proc, info_r
+
+
+async def _run_leased(code: str, config: SandboxConfig, lease: sandbox_limits.Lease,
+                      t0: float) -> SandboxResult:
+    bwrap = config.mode == "bwrap"
+    proc, info_r = await spawn(config, lease)
     readers = asyncio.gather(_read_capped(proc.stdout, config.output_bytes),
                              _read_capped(proc.stderr, config.output_bytes))
     init, timed_out, over_memory, watchdog = None, False, False, None

@@ -14,8 +14,8 @@ import logging
 import os
 
 from orchestrax.tools import sandbox_limits
-from orchestrax.tools.sandbox import (SandboxConfig, _filter_pipe, _kill_group, _kill_namespace,
-                                      _namespace_init, build_argv, check_available)
+from orchestrax.tools.sandbox import (SandboxConfig, _kill_group, _kill_namespace, _namespace_init,
+                                      check_available, spawn)
 
 log = logging.getLogger(__name__)
 _STDERR_KEPT = 8192
@@ -46,24 +46,11 @@ class SandboxProcess:
             uid_base=config.host_uid_base, uid_slots=config.host_uid_slots,
             wait_s=config.wall_timeout_s, use_cgroup=config.limits != "uid",
             memory_bytes=config.memory_bytes, processes=config.processes)
-        bwrap = config.mode == "bwrap"
-        info_r, info_w = os.pipe() if bwrap else (None, None)
-        seccomp_r = _filter_pipe() if bwrap else None
-        child_fds = tuple(fd for fd in (info_w, seccomp_r) if fd is not None)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *lease.argv_prefix(), *build_argv(config, info_w, seccomp_r, args),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": "/usr/bin:/bin"},
-                cwd="/", pass_fds=child_fds, limit=line_limit)
+            proc, info_r = await spawn(config, lease, args, limit=line_limit)
         except BaseException:
-            if info_r is not None:
-                os.close(info_r)
             await asyncio.shield(lease.release())
             raise
-        finally:
-            for fd in child_fds:
-                os.close(fd)
         init = await _namespace_init(info_r, config.wall_timeout_s) if info_r is not None else None
         return cls(proc, lease, init, config.memory_bytes)
 
