@@ -1,0 +1,176 @@
+"""Soak of `orchestrax serve` with poisoned requests mixed into normal traffic.
+
+    python bench/serve_poison.py [--minutes 10] [--engine continuous] [--clients 8]
+
+`--clients` loops each send good seeded requests (on /generate and on chat, in turn) while one
+loop sends poison: top_k of 2**31, deep JSON, lone surrogates, reserved chat_template_kwargs,
+NaN temperatures, a NUL model_path, and now and then a giant call (256 requests x 64 tokens).
+Every good answer must equal the one the same request got alone before the soak (seeds make
+outputs batch-independent), every poison must get a 4xx. Reported: good requests sent, lost
+(non-200) and changed, poison answered 4xx / otherwise, and the small-request latency while a
+giant call runs over the same without one (the fair queue's bound, measured in this run). A
+line goes to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from orchestrax import models  # noqa: E402
+from orchestrax.agent.scripted import tiny_qwen3_tokenizer  # noqa: E402
+from orchestrax.rollout.embedded import make_embedded_sampler  # noqa: E402
+from orchestrax.rollout.server import ServerState, bound_port, start  # noqa: E402
+
+DEEP = '{"input_ids": ' + "[" * 50_000 + "]" * 50_000 + "}"
+
+
+def good(i: int) -> tuple[str, dict]:
+    if i % 2:
+        return "/v1/chat/completions", {"messages": [{"role": "user", "content": f"q {i % 40}"}],
+                                        "max_tokens": 6, "temperature": 0.9, "seed": i % 40}
+    return "/generate", {"input_ids": [5, 17, 40 + i % 40, 3], "sampling_params": {
+        "temperature": 0.9, "max_new_tokens": 6, "sampling_seed": i % 40}}
+
+
+def poison(i: int) -> tuple[str, str | dict]:
+    kinds = [
+        ("/generate", {"input_ids": [5, 6], "sampling_params": {"top_k": 2**31}}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                  "top_k": 2**31}),
+        ("/generate", DEEP),
+        ("/generate", '{"text": "a \\ud800 b"}'),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                  "chat_template_kwargs": {"return_tensors": "np"}}),
+        ("/generate", '{"input_ids": [5], "sampling_params": {"temperature": NaN}}'),
+        ("/update_weights_from_disk", {"model_path": "/tmp/\u0000x"}),
+    ]
+    return kinds[i % len(kinds)]
+
+
+def key(path: str, body: dict) -> str:
+    return json.dumps([path, body], sort_keys=True)
+
+
+def answer(path: str, out: dict):
+    return out["output_ids"] if path == "/generate" else out["choices"][0]["message"]
+
+
+async def post(http, url, path, body):
+    data = body if isinstance(body, str) else json.dumps(body)
+    async with http.post(url + path, data=data,
+                         headers={"Content-Type": "application/json"}) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+
+async def small_latency(http, url, n: int = 5) -> float:
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await post(http, url, *good(2 * i))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+async def main(args) -> dict:
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    sampler = make_embedded_sampler(args.engine, cfg, models.init_params(cfg, seed=0),
+                                    max_batch=16, max_len=128)
+    runner = await start(ServerState(sampler=sampler, model_path="tiny", tokenizer=tok,
+                                     weight_roots=("/tmp",)), port=0)
+    url = f"http://127.0.0.1:{bound_port(runner)}"
+    stats = {"good": 0, "lost": 0, "changed": 0, "poison": 0, "poison_4xx": 0, "giants": 0}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            reference = {}
+            for i in range(80):
+                path, body = good(i)
+                status, out = await post(http, url, path, body)
+                assert status == 200, out
+                reference[key(path, body)] = answer(path, out)
+            idle = await small_latency(http, url)
+            giant = {"input_ids": [[5, 6, 7, i % 50] for i in range(256)],
+                     "sampling_params": {"max_new_tokens": 64, "temperature": 0.0}}
+            big = asyncio.create_task(post(http, url, "/generate", giant))
+            while sampler.outstanding < 200:
+                await asyncio.sleep(0.01)
+            loaded = await small_latency(http, url)
+            await big
+            stats["small_latency_ratio"] = loaded / idle
+
+            deadline = time.monotonic() + 60 * args.minutes
+
+            async def client(c: int):
+                i = c
+                while time.monotonic() < deadline:
+                    path, body = good(i)
+                    status, out = await post(http, url, path, body)
+                    stats["good"] += 1
+                    if status != 200:
+                        stats["lost"] += 1
+                    elif answer(path, out) != reference[key(path, body)]:
+                        stats["changed"] += 1
+                    i += args.clients
+
+            async def poisoner():
+                i = 0
+                while time.monotonic() < deadline:
+                    path, body = poison(i)
+                    status, _ = await post(http, url, path, body)
+                    stats["poison"] += 1
+                    stats["poison_4xx"] += 400 <= status < 500
+                    if i % 50 == 49:
+                        stats["giants"] += 1
+                        await post(http, url, "/generate", giant)
+                    i += 1
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(client(c) for c in range(args.clients)), poisoner())
+            stats["minutes"] = (time.monotonic() - t0) / 60
+    finally:
+        await runner.cleanup()
+    return stats
+
+
+def run() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--engine", default="continuous", choices=("static", "continuous"))
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args()
+    s = asyncio.run(main(args))
+    ok = s["lost"] == 0 and s["changed"] == 0 and s["poison_4xx"] == s["poison"]
+    import os
+    line = (f"- {datetime.date.today()} serve poison soak ({s['minutes']:.1f} min, {args.engine} "
+            f"engine, tiny model, {args.clients} good clients + 1 poisoner): {s['good']} good "
+            f"requests, lost {s['lost']}, changed {s['changed']}; {s['poison']} poisoned, "
+            f"{s['poison_4xx']} answered 4xx; {s['giants']} giant calls (256 x 64 tokens) "
+            f"mixed in; a small request's median latency during a giant call / idle = "
+            f"{s['small_latency_ratio']:.2f}x; load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores; {'OK' if ok else 'FAILED'} (python bench/serve_poison.py "
+            f"--minutes {args.minutes:g} --engine {args.engine})")
+    print(line)
+    if not args.no_record:
+        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    run()
