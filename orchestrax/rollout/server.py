@@ -32,6 +32,7 @@ from aiohttp import web
 
 from orchestrax import models
 from orchestrax.rollout.base import GenerateRequest
+from orchestrax.rollout import rl_routes
 from orchestrax.rollout.chat_route import chat_completions, list_models
 from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.http_io import STATE, error, json_response, merge, read_json, sse
@@ -234,6 +235,7 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_post("/abort_request", abort_request)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
+    rl_routes.add_routes(app)
 
     async def close_sampler(app: web.Application) -> None:
         await state.sampler.aclose()
