@@ -11,6 +11,7 @@ import math
 ARCHITECTURES = ("qwen3", "llama")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ATTENTION_KERNELS = ("auto", "cudnn", "chunked")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +32,9 @@ class ModelConfig:
     param_dtype: str = "float32"        # storage of params: float32 for anything that trains;
                                         # bfloat16 only for a serve-only copy
     remat: str = "none"                 # jax.checkpoint policy around each scanned layer
+    attention: str = "auto"             # "auto": cuDNN flash attention when the default backend
+                                        # is a GPU, else chunked; "cudnn" forces it (compiling
+                                        # for a GPU from a CPU host); "chunked": never cuDNN
     bos_token_id: int | None = None
     eos_token_id: int | None = None
 
@@ -42,6 +46,14 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {DTYPES}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"ModelConfig.attention={self.attention!r}; allowed: "
+                             f"{ATTENTION_KERNELS}")
+        if self.attention == "cudnn" and (self.dtype != "bfloat16" or self.head_dim % 8
+                                          or self.head_dim > 128):
+            raise ValueError(f"ModelConfig.attention='cudnn' needs dtype='bfloat16' and a head_dim "
+                             f"that is a multiple of 8 and <= 128 (got dtype={self.dtype!r}, "
+                             f"head_dim={self.head_dim}); use 'auto' or 'chunked'")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim"):
             if getattr(self, name) < 1:

@@ -85,10 +85,11 @@ def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, k
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
         q_offset = index
     attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset,
-                          segment_ids_BT=segment_ids_BT)
+                          segment_ids_BT=segment_ids_BT, fused=_FUSED[cfg.attention])
     return jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]), (k, v)
 
 
+_FUSED = {"auto": "auto", "cudnn": "cudnn", "chunked": None}   # ModelConfig.attention
 _REMAT = {
     "full": None,
     "dots": jax.checkpoint_policies.checkpoint_dots,

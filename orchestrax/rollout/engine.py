@@ -97,6 +97,16 @@ def init_state(cfg: models.ModelConfig, slots: int, max_len: int) -> SlotState:
                      frequency_R=zf())
 
 
+def state_logical_axes() -> SlotState:
+    """Logical axis names of each SlotState field (slots split like a batch's rows)."""
+    kv = ("layers", "batch", "seq", "kv_heads", "head_dim")
+    row = ("batch",)
+    return SlotState(k=kv, v=kv, mask_RS=("batch", "seq"), index_R=row, token_R=row,
+                     length_R=row, live_R=row, counts_RV=("batch", None), temperature_R=row,
+                     top_k_R=row, top_p_R=row, seed_R=row, max_new_R=row,
+                     stop_RX=("batch", None), presence_R=row, frequency_R=row)
+
+
 # --- device functions -------------------------------------------------------------------------
 def _row_forward(cfg, params, ids_T, valid_T, k_LSKH, v_LSKH, mask_S, index):
     """One slot's `forward_with_cache` (batch 1); vmapped over slots by `_decode`."""

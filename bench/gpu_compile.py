@@ -1,0 +1,341 @@
+"""What XLA makes of the shipped GPU configs on the cards they name, compiled on a CPU box.
+
+Each shipped config's GRPO step, SFT step, reference pass and sampler prefill / decode are
+lowered at the config's real shapes on abstract arguments and compiled for a GPU target that
+is not there (an H200, or an 8xH100 node, from ../shared/gpu_targets/*.txtpb); the table gives
+XLA's compiled memory per device (arguments, temporaries, their total with donated buffers
+counted once) against the usable memory of the card, and what the optimized HLO holds: cuDNN
+attention calls, big copies in the decode step (a whole-cache or per-layer KV copy, a weight
+copy), collectives, and whether XLA warned of an "involuntary full rematerialization".
+
+Setup, once (CUDA compile plugin of the venv's JAX; ~400 MB of wheels, no driver needed; kept
+out of the venv so nothing else picks a CUDA backend):
+
+    V=$(python -c 'import jax; print(jax.__version__)'); pip install --no-deps --target \
+      /opt/xla-cuda jax-cuda13-plugin==$V jax-cuda13-pjrt==$V nvidia-cudnn-cu13 nvidia-cuda-runtime
+
+Run (the plugin directory is put on sys.path here; ~1-2 min per Qwen3-8B compile on 2 cores):
+
+    python bench/gpu_compile.py                    # every case; appends the table to RESULTS.md
+    python bench/gpu_compile.py --only one_h200    # cases whose name contains a word
+    python bench/gpu_compile.py --smoke            # tiny model, both targets (a test runs it)
+
+The kernel choice is explicit: models compile with `ModelConfig.attention="cudnn"` (the
+default "auto" would read `jax.default_backend()`, which is the CPU here). Usable memory is the
+card's size times XLA_PYTHON_CLIENT_MEM_FRACTION=0.95. What a deviceless compile cannot say:
+times (no autotuning), and anything placed in pinned host memory (dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib
+import os
+import pathlib
+import re
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+PLUGIN_DIRS = os.environ.get("ORCHESTRAX_XLA_CUDA", "/opt/xla-cuda:/opt/xla-cudnn")
+for _d in reversed(PLUGIN_DIRS.split(os.pathsep)):
+    if os.path.isdir(_d) and _d not in sys.path:
+        sys.path.insert(0, _d)
+# The plugin checks the CUDA libraries of a machine that would run; this one only compiles.
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+from orchestrax import models, parallel, rl  # noqa: E402
+from orchestrax.rollout import engine as engine_mod  # noqa: E402
+
+GIB = 2**30
+MEM_FRACTION = 0.95
+TARGET_DIR = pathlib.Path(os.environ.get("ORCHESTRAX_GPU_TARGETS",
+                                         ROOT.parent / "shared" / "gpu_targets"))
+if not TARGET_DIR.is_dir():
+    TARGET_DIR = pathlib.Path("/work/shared/gpu_targets")
+# target name -> (card's target config, devices on the node)
+TARGETS = {"h200": ("h200.txtpb", 1), "8xh100": ("h100.txtpb", 8)}
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One compile: `kind` of config `config` (module.function under configs/) on `devices`
+    devices of `target`."""
+    config: str
+    target: str
+    devices: int
+    kind: str                  # grpo | sft | ref | prefill | decode
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.split('.')[-1]}/{self.kind}@{self.devices}x{self.target[-4:]}"
+
+
+def cases() -> list[Case]:
+    """The shipped GPU configs: the 8-GPU node splits 4 trainer + 4 SGLang GPUs (`config`) or
+    runs all 8 as trainer and embedded sampler (`config_embedded`); one H200 does both."""
+    out = []
+    for kind in ("grpo", "sft", "ref", "prefill", "decode"):
+        out.append(Case("qwen3_8b_gpu.config_one_h200", "h200", 1, kind))
+    for kind in ("grpo", "sft", "ref", "prefill", "decode"):
+        out.append(Case("qwen3_8b_gpu.config_embedded", "8xh100", 8, kind))
+    for kind in ("grpo", "ref"):
+        out.append(Case("qwen3_8b_gpu.config", "8xh100", 4, kind))
+    return out
+
+
+# --- targets and abstract inputs ---------------------------------------------------------------
+def target_devices(target: str, n: int):
+    text_file, on_node = TARGETS[target]
+    text = (TARGET_DIR / text_file).read_text()
+    topo = topologies.get_topology_desc(platform="cuda", topology=f"1x{on_node}x1",
+                                        target_config=text)
+    memory = int(re.search(r"device_memory_size:\s*(\d+)", text).group(1))
+    return list(topo.devices)[:n], memory * MEM_FRACTION
+
+
+def abstract(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                        shardings)
+
+
+def model_for(tc, smoke: bool) -> models.ModelConfig:
+    """The config's model with the GPU kernels chosen explicitly."""
+    if smoke:
+        return models.tiny_config(dtype="bfloat16", remat=tc.remat, head_dim=32,
+                                  attention="cudnn")
+    if tc.model is not None:
+        return tc.model.replace(attention="cudnn")
+    name = pathlib.PurePath(tc.hf_path).name.lower()
+    return models.preset(name, dtype=tc.dtype, remat=tc.remat, attention="cudnn")
+
+
+def shapes_for(tc, kind: str, smoke: bool) -> dict:
+    """Rows and lengths of one compile at the config's real sizes (smoke: tiny ones)."""
+    r = tc.rollout
+    rows = r.tasks_per_step * r.group_size
+    seq = 64 * -(-r.context_tokens // 64)                 # train/batching.bucket_len
+    if smoke:
+        rows, seq = 2 * tc.grpo.num_minibatches * tc.grpo.num_microbatches, 128
+    return {"rows": rows, "seq": seq, "sft_rows": tc.sft_batch if not smoke else rows,
+            "slots": r.sampler_max_batch if not smoke else 8,
+            "max_len": seq if not smoke else 256}
+
+
+# --- what is compiled --------------------------------------------------------------------------
+def lower_case(case: Case, devices, smoke: bool):
+    mod_name, fn_name = case.config.rsplit(".", 1)
+    tc = getattr(importlib.import_module(f"configs.{mod_name}"), fn_name)()
+    cfg = model_for(tc, smoke)
+    sh = shapes_for(tc, case.kind, smoke)
+    mesh = parallel.make_mesh(tc.mesh, devices=devices)
+    rows_spec = lambda nd: parallel.logical_to_spec(  # noqa: E731
+        ("batch",) + (None,) * (nd - 1), mesh=mesh)
+    row_sh, vec_sh = NamedSharding(mesh, rows_spec(2)), NamedSharding(mesh, rows_spec(1))
+    rep = NamedSharding(mesh, PartitionSpec())
+    p_shapes = jax.eval_shape(lambda: models.init_params(cfg))
+    params = abstract(p_shapes, models.param_shardings(cfg, mesh))
+    mat = lambda b, t, dt, s=row_sh: jax.ShapeDtypeStruct((b, t), dt, sharding=s)  # noqa: E731
+    info = {"model": cfg, "tc": tc, "mesh": mesh, "shapes": sh}
+
+    with parallel.activation_sharding(mesh):
+        if case.kind in ("grpo", "sft"):
+            sft = case.kind == "sft"
+            gcfg = dataclasses.replace(tc.grpo, objective="sft") if sft else tc.grpo
+            ocfg = (tc.sft_optim or tc.optim) if sft else tc.optim
+            if sft:
+                gcfg = dataclasses.replace(gcfg, num_minibatches=1)
+            train = rl.make_train_step(cfg, gcfg, ocfg, mesh=mesh)
+            state = abstract(jax.eval_shape(lambda p: rl.init_state(p, ocfg), p_shapes),
+                             train.shardings)
+            b, t = (sh["sft_rows"] if sft else sh["rows"]), sh["seq"]
+            batch = {"tokens": mat(b, t, jnp.int32), "attention_mask": mat(b, t, jnp.int32),
+                     "loss_mask": mat(b, t, jnp.float32)}
+            if sft:   # packed warm-start rows: segments and their own positions
+                batch |= {"segment_ids": mat(b, t, jnp.int32), "positions": mat(b, t, jnp.int32)}
+            else:     # what train/flow.py hands the step (old logprobs are recomputed)
+                batch |= {"sampler_logprobs": mat(b, t, jnp.float32),
+                          "advantages": jax.ShapeDtypeStruct((b,), jnp.float32, sharding=vec_sh),
+                          "sample_mask": jax.ShapeDtypeStruct((b,), jnp.float32, sharding=vec_sh)}
+                if gcfg.kl_coef > 0:
+                    batch["ref_logprobs"] = mat(b, t, jnp.float32)
+            info["rows"] = f"{b}x{t}, {gcfg.num_minibatches}x{gcfg.num_microbatches} micro"
+            fn = jax.jit(train.step, donate_argnums=0)
+            return fn.lower(state, batch), info
+        if case.kind == "ref":
+            # The reference pass scores one micro-batch of the GRPO step at a time.
+            b = max(len(devices), sh["rows"] // (tc.grpo.num_minibatches
+                                                 * tc.grpo.num_microbatches))
+            ids = mat(b, sh["seq"], jnp.int32)
+            fn = jax.jit(lambda p, i, m: models.token_logprobs(
+                cfg, p, i, m, chunk_size=tc.grpo.logprob_chunk))
+            info["rows"] = f"{b}x{sh['seq']}"
+            return fn.lower(params, ids, ids), info
+        # Sampler: the engine's own jitted steps over its slot cache (bf16 weights).
+        scfg = cfg.replace(param_dtype=cfg.dtype, remat="none")
+        sp = abstract(jax.eval_shape(lambda: models.init_params(scfg)),
+                      models.param_shardings(scfg, mesh))
+        slots, max_len = sh["slots"], sh["max_len"]
+        st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
+        st = abstract(st_shapes, parallel.tree_shardings(st_shapes,
+                                                         engine_mod.state_logical_axes(), mesh))
+        info["rows"] = f"{slots} slots x {max_len}"
+        info["kv_layer_bytes"] = st_shapes.k.size * st_shapes.k.dtype.itemsize // (
+            cfg.num_layers * len(devices))
+        if case.kind == "prefill":
+            chunk = min(512, max_len)
+            one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
+            settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
+                                                                         x.dtype),
+                                    st_shapes._replace(k=None, v=None))
+            info["rows"] += f", chunk {chunk}"
+            return engine_mod._prefill_chunk.lower(
+                scfg, sp, st, one((), jnp.int32), one((chunk,), jnp.int32),
+                one((chunk,), jnp.bool_), one((), jnp.bool_), one((), jnp.bool_), settings,
+                n_top=0), info
+        keep = jax.ShapeDtypeStruct((slots,), jnp.bool_, sharding=rep)
+        info["rows"] += ", 1 step"
+        return engine_mod._decode.lower(scfg, sp, st, keep, n_steps=1, n_top=0,
+                                        span=max_len), info
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """XLA logs (the remat warning among them) from C++ to fd 2: read them back."""
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(f.fileno(), 2)
+        out = {"text": ""}
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            out["text"] = f.read().decode(errors="replace")
+
+
+_SHAPE = re.compile(r"=\s*(\w+)\[([\d,]*)\]")
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
+          "f64": 8, "s64": 8}
+
+
+def _result_bytes(line: str) -> int:
+    m = _SHAPE.search(line)
+    if not m:
+        return 0
+    n = 1
+    for d in filter(None, m.group(2).split(",")):
+        n *= int(d)
+    return n * _BYTES.get(m.group(1), 4)
+
+
+def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
+    """Counts from the optimized HLO text: cuDNN custom calls, collectives (static ops: those
+    in the scanned layer body run once per layer), copies at least `big_copy_bytes` large."""
+    lines = [ln for ln in hlo.splitlines() if " = " in ln]
+    cudnn = sum(1 for ln in lines if "custom-call" in ln and "cudnn" in ln.lower())
+    coll = {c: sum(1 for ln in lines if re.search(rf"\b{c}(-start)?\(", ln)) for c in COLLECTIVES}
+    copies = []
+    if big_copy_bytes:
+        for ln in lines:
+            if re.search(r"\bcopy(-start)?\(", ln) or re.search(r"%\S*copy\S*\s*=.*fusion\(", ln):
+                b = _result_bytes(ln)
+                if b >= big_copy_bytes:
+                    copies.append(b)
+    return {"cudnn": cudnn, "collectives": {k: v for k, v in coll.items() if v},
+            "big_copies": len(copies), "big_copy_bytes": sum(copies)}
+
+
+def compile_case(case: Case, smoke: bool) -> dict:
+    devices, usable = target_devices(case.target, case.devices)
+    t0 = time.perf_counter()
+    lowered, info = lower_case(case, devices, smoke)
+    with captured_stderr() as err:
+        compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+             + m.temp_size_in_bytes)
+    facts = hlo_facts(compiled.as_text(), info.get("kv_layer_bytes")
+                      if case.kind == "decode" else None)
+    remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
+    try:
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        accessed = float(cost.get("bytes accessed", 0)) if cost else None
+    except Exception:  # noqa: BLE001 - cost analysis is optional per backend
+        accessed = None
+    return {"case": case, "rows": info["rows"], "args": m.argument_size_in_bytes,
+            "temps": m.temp_size_in_bytes, "total": total, "usable": usable,
+            "fits": total <= usable, "remat_warnings": remat, "compile_s": seconds,
+            "bytes_accessed": accessed, **facts}
+
+
+# --- table -------------------------------------------------------------------------------------
+HEADER = ("| case | shape | args GiB | temps GiB | total GiB | usable GiB | fits | cuDNN | "
+          "big copies (decode) | collectives (static ops) | involuntary remat | compile s |")
+
+
+def row(r: dict) -> str:
+    coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
+    copies = "-" if r["case"].kind != "decode" else (
+        f"{r['big_copies']} ({r['big_copy_bytes'] / GIB:.2f} GiB)")
+    return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "
+            f"| {r['total'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "
+            f"{'yes' if r['fits'] else '**NO**'} | {r['cudnn']} | {copies} | {coll} | "
+            f"{r['remat_warnings'] or 'none'} | {r['compile_s']:.0f} |")
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated words; a case runs when its "
+                    "name contains one")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, real configs' layout")
+    ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args(argv)
+    words = [w for w in args.only.split(",") if w]
+    todo = [c for c in cases() if not words or any(w in c.name for w in words)]
+    if not todo:
+        raise SystemExit(f"--only {args.only!r} matches no case; cases: "
+                         f"{', '.join(c.name for c in cases())}")
+    results, lines = [], [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
+    print(lines[0], flush=True)
+    print(lines[1], flush=True)
+    for case in todo:
+        try:
+            r = compile_case(case, args.smoke)
+        except Exception as e:  # noqa: BLE001 - one failing compile is a row, not the end
+            line = f"| {case.name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0][:200]} |"
+            print(line, flush=True)
+            lines.append(line)
+            continue
+        results.append(r)
+        lines.append(row(r))
+        print(lines[-1], flush=True)
+    if not args.no_record:
+        what = "smoke: tiny model" if args.smoke else "real shapes"
+        with open(args.results, "a") as f:
+            f.write(f"\n- {datetime.date.today().isoformat()} gpu_compile ({what}; deviceless "
+                    f"compile for the GPU targets, XLA_PYTHON_CLIENT_MEM_FRACTION={MEM_FRACTION};"
+                    f" python bench/gpu_compile.py {' '.join(argv or sys.argv[1:])}):\n\n"
+                    + "\n".join(lines) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
