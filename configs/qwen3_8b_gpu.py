@@ -17,5 +17,8 @@ def config_embedded():
     rows (14 GB a GPU) fit next to it on 80 GB cards."""
     import dataclasses
     c = config()
-    return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
+    # 128 rows / 4 minibatches / 4 micro-batches = 8 rows a micro-step, one a GPU (fewer rows
+    # than devices makes XLA compute each row twice: "involuntary full rematerialization").
+    return c.replace(grpo=dataclasses.replace(c.grpo, num_microbatches=4),
+                     rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
                                                  sampler_max_batch=32))

@@ -1,12 +1,13 @@
 """Qwen3 (and Llama-family) decoders: params declared as a Flax NNX module, forward passes as
 pure functions over its pure state, shardings from the params' annotations, HF checkpoint I/O."""
 
+from orchestrax.models.accumulate import value_and_grad_into
 from orchestrax.models.configs import ModelConfig, num_params, preset, tiny_config
 from orchestrax.models.decoder import Decoder, abstract_decoder, init_params
 from orchestrax.models.hf_io import config_from_hf, config_to_hf, load_hf, save_hf
 from orchestrax.models.model import (forward, forward_with_cache, hidden_states, init_cache,
                                      jit_forward, jit_forward_with_cache, lm_logits,
-                                     positions_from_mask, token_logprobs)
+                                     logprobs_from_hidden, positions_from_mask, token_logprobs)
 from orchestrax.models.sharding import (cache_logical_axes, logical_axes, module_shardings,
                                         param_logical_axes, param_shardings, shard_params)
 
@@ -14,6 +15,7 @@ __all__ = [
     "Decoder", "ModelConfig", "abstract_decoder", "cache_logical_axes", "config_from_hf",
     "config_to_hf", "forward", "forward_with_cache", "hidden_states", "init_cache", "init_params",
     "jit_forward", "jit_forward_with_cache", "lm_logits", "load_hf", "logical_axes",
+    "logprobs_from_hidden", "value_and_grad_into",
     "module_shardings", "num_params", "param_logical_axes", "param_shardings",
     "positions_from_mask", "preset", "save_hf", "shard_params", "tiny_config", "token_logprobs",
 ]

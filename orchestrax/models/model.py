@@ -227,7 +227,18 @@ def token_logprobs(cfg: ModelConfig, params: Params, tokens_BT: jax.Array,
     Qwen3's 151,936-token vocabulary) are made `chunk_size` positions at a time under a scan,
     and remade chunk by chunk in the backward pass instead of being kept. Same values."""
     h_BTD = hidden_states(cfg, params, tokens_BT, attention_mask_BT,
-                          segment_ids_BT=segment_ids_BT, positions_BT=positions_BT)[:, :-1]
+                          segment_ids_BT=segment_ids_BT, positions_BT=positions_BT)
+    return logprobs_from_hidden(cfg, params, h_BTD, tokens_BT, temperature, return_entropy,
+                                chunk_size, segment_ids_BT=segment_ids_BT)
+
+
+def logprobs_from_hidden(cfg: ModelConfig, params: Params, h_BTD: jax.Array,
+                         tokens_BT: jax.Array, temperature: float = 1.0,
+                         return_entropy: bool = False, chunk_size: int | None = None, *,
+                         segment_ids_BT: jax.Array | None = None):
+    """`token_logprobs` from the final-normed hidden states [B, T, D] of `tokens_BT` (the LM
+    head and scoring half of it)."""
+    h_BTD = h_BTD[:, :-1]
     targets_BT = tokens_BT[:, 1:]
     t = targets_BT.shape[1]
 
@@ -302,6 +313,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array
 jit_forward = jax.jit(forward, static_argnums=0)
 jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4,
                                  static_argnames="last_only")
-__all__ = ["forward", "hidden_states", "lm_logits", "token_logprobs", "init_cache",
+__all__ = ["forward", "hidden_states", "lm_logits", "token_logprobs", "logprobs_from_hidden",
+           "init_cache",
            "forward_with_cache", "positions_from_mask", "segment_starts", "jit_forward",
            "jit_forward_with_cache", "rms_norm", "rope"]

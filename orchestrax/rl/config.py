@@ -120,8 +120,9 @@ class OptimizerConfig:
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0       # None disables clipping
     mu_dtype: str | None = None             # Adam's first moment: "bfloat16" halves its memory;
-                                            # None keeps the params' dtype. The second moment
-                                            # always keeps the params' dtype.
+                                            # None keeps the params' dtype
+    nu_dtype: str | None = None             # the second moment, likewise. A bf16 moment is
+                                            # stored by stochastic rounding (rl/optim.py says why)
 
     def __post_init__(self):
         n = "OptimizerConfig"
@@ -137,5 +138,6 @@ class OptimizerConfig:
         _check(self.weight_decay >= 0, n, "weight_decay", self.weight_decay, ">= 0")
         _check(self.max_grad_norm is None or self.max_grad_norm > 0, n, "max_grad_norm",
                self.max_grad_norm, "None or > 0")
-        _check(self.mu_dtype in (None, "float32", "bfloat16"), n, "mu_dtype", self.mu_dtype,
-               "None, 'float32' or 'bfloat16'")
+        for f in ("mu_dtype", "nu_dtype"):
+            _check(getattr(self, f) in (None, "float32", "bfloat16"), n, f, getattr(self, f),
+                   "None, 'float32' or 'bfloat16'")

@@ -5,8 +5,9 @@ state.
 Letters: B sequences, T tokens, E epochs, M minibatches, K micro-batches, b = B // (M·K) rows each.
 Batch (all [B,T] aligned with `tokens`, position t = token t predicted from tokens < t):
   tokens int32, attention_mask, loss_mask (1 on policy tokens), advantages [B],
-  optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: recomputed with the
-  current params before the first update), sampler_logprobs (gap metric, truncated IS),
+  optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: with one update
+  per call, that update's own logprobs under stop-gradient, so no extra pass; with more, recomputed
+  with the current params before the first update), sampler_logprobs (gap metric, truncated IS),
   ref_logprobs (needed when kl_coef > 0), rollout_ids [B] (int, the rollout of each row when rows
   are turns: agg="rollout-turn-token-mean"); objective "sft" only: segment_ids + positions for
   packed rows (several sequences per row, each attending only to itself; models.hidden_states).
@@ -190,18 +191,51 @@ def _with_loss_weights(mb: Batch, gcfg: GRPOConfig) -> Batch:
     return {**mb, "w": per_mb(gcfg.agg, gcfg.norm_len), "mw": per_mb("token-mean")}
 
 
+def _loss_of_logprobs(x: Batch, gcfg: GRPOConfig) -> Callable:
+    """The micro-batch loss as a function of its logprobs (and entropy): (loss, metrics)."""
+    def loss_fn(logp, ent):
+        with jax.named_scope("loss"):
+            if gcfg.objective == "sft":
+                return sft_loss(logp, x["mask"], weights=x["w"])
+            # One update per call: the params being differentiated are the ones that would
+            # have scored the old logprobs, so those are this pass's values under stop-gradient.
+            old = x["old_logprobs"] if "old_logprobs" in x else jax.lax.stop_gradient(logp)
+            return policy_loss_weighted(
+                logp, old, x["advantages"], x["mask"], x["w"], x["mw"],
+                clip_low=gcfg.clip_low, clip_high=gcfg.clip_high, dual_clip=gcfg.dual_clip,
+                log_ratio_clamp=gcfg.log_ratio_clamp, ref_logprobs=x.get("ref_logprobs"),
+                kl_coef=gcfg.kl_coef, kl=gcfg.kl, sampler_logprobs=x.get("sampler_logprobs"),
+                tis_cap=gcfg.tis_cap, entropy=ent)
+    return loss_fn
+
+
 def _micro_loss(params, x: Batch, *, mcfg, gcfg: GRPOConfig):
     logp, ent = _logprobs(mcfg, gcfg, params, x["tokens"], x["attention_mask"],
                           x.get("segment_ids"), x.get("positions"))
-    with jax.named_scope("loss"):
-        if gcfg.objective == "sft":
-            return sft_loss(logp, x["mask"], weights=x["w"])
-        return policy_loss_weighted(
-            logp, x["old_logprobs"], x["advantages"], x["mask"], x["w"], x["mw"],
-            clip_low=gcfg.clip_low, clip_high=gcfg.clip_high, dual_clip=gcfg.dual_clip,
-            log_ratio_clamp=gcfg.log_ratio_clamp, ref_logprobs=x.get("ref_logprobs"),
-            kl_coef=gcfg.kl_coef, kl=gcfg.kl, sampler_logprobs=x.get("sampler_logprobs"),
-            tis_cap=gcfg.tis_cap, entropy=ent)
+    return _loss_of_logprobs(x, gcfg)(logp, ent)
+
+
+def in_place_accumulation(mcfg) -> bool:
+    """Gradients go straight into the accumulator layer by layer (models.value_and_grad_into)
+    under remat "full", whose recomputation that path reproduces; other policies keep more
+    activations to recompute less, so they take value_and_grad."""
+    return mcfg.remat == "full"
+
+
+def _add_micro_grads(acc, params, x: Batch, *, mcfg, gcfg: GRPOConfig):
+    """(acc + this micro-batch's gradient, its metrics)."""
+    if in_place_accumulation(mcfg):
+        with jax.named_scope("token_logprobs"):
+            acc, (_, met) = models.value_and_grad_into(
+                mcfg, _loss_of_logprobs(x, gcfg), params, acc, x["tokens"],
+                x["attention_mask"], temperature=gcfg.temperature,
+                return_entropy=gcfg.compute_entropy, chunk_size=gcfg.logprob_chunk,
+                segment_ids_BT=x.get("segment_ids"), positions_BT=x.get("positions"))
+        return acc, met
+    grad_fn = jax.value_and_grad(functools.partial(_micro_loss, mcfg=mcfg, gcfg=gcfg),
+                                 has_aux=True)
+    (_, met), g = grad_fn(params, x)
+    return jax.tree.map(jnp.add, acc, g), met
 
 
 def _reduce(metrics: Metrics, axis: int = 0) -> Metrics:
@@ -210,13 +244,10 @@ def _reduce(metrics: Metrics, axis: int = 0) -> Metrics:
             for k, v in metrics.items()}
 
 
-def _accumulate(grad_fn, params, mb_K: Batch) -> tuple[Any, Metrics]:
+def _accumulate(add_grads, params, mb_K: Batch) -> tuple[Any, Metrics]:
     """Gradients summed over the K micro-batches of one minibatch, and their summed metrics."""
-    def micro(g_acc, x):
-        (_, met), g = grad_fn(params, x)
-        return jax.tree.map(jnp.add, g_acc, g), met
-
-    grads, met_K = jax.lax.scan(micro, jax.tree.map(jnp.zeros_like, params), mb_K)
+    grads, met_K = jax.lax.scan(lambda acc, x: add_grads(acc, params, x),
+                                jax.tree.map(jnp.zeros_like, params), mb_K)
     return grads, _reduce(met_K)
 
 
@@ -264,16 +295,16 @@ def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
                      opt_cfg: OptimizerConfig, mesh, rules) -> tuple[TrainState, Metrics]:
     opt = make_optimizer(opt_cfg)
     mb, keep_B = _minibatches(batch, gcfg, mesh, rules)
-    if gcfg.objective == "grpo" and "old_logprobs" not in batch:
+    if (gcfg.objective == "grpo" and "old_logprobs" not in batch
+            and gcfg.ppo_epochs * gcfg.num_minibatches > 1):
         mb["old_logprobs"] = _old_logprobs(mcfg, gcfg, state.params, mb)
     if gcfg.shuffle_seed is None:
         mb = _with_loss_weights(mb, gcfg)
-    grad_fn = jax.value_and_grad(functools.partial(_micro_loss, mcfg=mcfg, gcfg=gcfg),
-                                 has_aux=True)
+    add_grads = functools.partial(_add_micro_grads, mcfg=mcfg, gcfg=gcfg)
 
     def update(carry, mb_K):                             # one optimizer update on a minibatch
         params, opt_state, n_up, n_skip = carry
-        grads, met = _accumulate(grad_fn, params, mb_K)
+        grads, met = _accumulate(add_grads, params, mb_K)
         empty = jnp.sum(mb_K["mask"]) == 0
         params, opt_state, applied, finite, gnorm = _update_or_skip(
             opt, params, opt_state, grads, met["loss"], ~empty)
