@@ -100,7 +100,7 @@ def section_train(smoke: bool, seq: int) -> dict:
     chip = _chip()
     return {"what": f"train_step T={seq}", "model": "tiny" if smoke else "qwen3-8b",
             "B": b, "T": seq, "micro": micro, "s_per_step": t, "tok_s": tokens / t,
-            "mfu": rl.mfu(n, tokens, t, rl.peak_flops(chip)) if chip else None,
+            "mfu": rl.mfu(cfg, tokens, seq, t, rl.peak_flops(chip)) if chip else None,
             "compile_s": compile_s, "loss": float(metrics["loss_first"]),
             "compiled_bytes": _compiled_bytes(step), "peak_bytes": _peak_bytes()}
 

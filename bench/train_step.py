@@ -118,10 +118,10 @@ def main():
     tokens = args.batch * args.seq
     ours, theirs = tokens / statistics.median(t_jax), tokens / statistics.median(t_torch)
     n = models.num_params(cfg)
-    gflops = rl.train_flops(n, tokens) / statistics.median(t_jax) / 1e9
+    gflops = rl.train_flops(cfg, tokens, args.seq) / statistics.median(t_jax) / 1e9
     print(f"first-step loss: orchestrax {loss_jax:.6f}, torch {loss_torch:.6f}, "
           f"|diff| {abs(loss_jax - loss_torch):.1e}; compile {compile_s:.1f} s; "
-          f"6N FLOP/s {gflops:.1f} GFLOP/s; N={n:,}")
+          f"model FLOP/s {gflops:.1f} GFLOP/s; N={n:,}")
     line = (f"train_step: Qwen3 L={args.layers} D={args.hidden} V={args.vocab} B={args.batch} "
             f"T={args.seq} fp32 {jax.devices()[0].platform}, GRPO clipped loss + AdamW, "
             f"orchestrax {ours:,.0f} tok/s, torch {theirs:,.0f} tok/s, ratio {ours / theirs:.2f}×, "
@@ -163,7 +163,7 @@ def gpu_mfu(no_record: bool) -> None:
             continue
         t = statistics.median(times)
         n = models.num_params(cfg)
-        util = rl.mfu(n, B * T, t, rl.peak_flops(chip)) if chip else float("nan")
+        util = rl.mfu(cfg, B * T, T, t, rl.peak_flops(chip)) if chip else float("nan")
         line = (f"train_step (GPU {kind}, bf16 compute, fp32 params, remat full): {name} B={B} "
                 f"T={T}: {B * T / t:,.0f} tok/s, MFU {util:.1%} (command: python "
                 f"bench/train_step.py)")

@@ -200,8 +200,20 @@ def test_full_size_step_traces_with_eval_shape():
 
 
 def test_mfu_helper():
-    assert rl.train_flops(1_000, 10) == 60_000
-    assert rl.mfu(8e9, 1e4, 1.0, rl.peak_flops("h100")) == pytest.approx(6 * 8e13 / 989e12)
+    # tiny_config by hand: per layer q,k,v,o 64*32*(4+2+2+4) = 24,576, q/k norms 64, MLP
+    # 3*64*128 = 24,576, two norms 128 -> 49,344; 2 layers + final norm 64 + table 256*64.
+    tied = models.tiny_config()
+    assert models.num_params(tied) == 2 * 49_344 + 64 + 16_384 == 115_136
+    untied = tied.replace(tie_embeddings=False)
+    # Untied: the lookup table is no matmul; the LM head is. Both count 115,136.
+    assert rl.matmul_params(untied) == rl.matmul_params(tied) == 115_136
+    # Attention per token at T = 4: 6 * L 2 * N 4 * H 32 * (T + 1) = 7,680 (query t sees t + 1
+    # keys: 10 pairs of 4 * N * H forward FLOPs per layer for 4 tokens, times 3 with backward).
+    assert 3 * 2 * 10 * 4 * 4 * 32 / 4 == 7_680
+    assert rl.train_flops(tied, 8, 4) == 8 * (6 * 115_136 + 7_680) == 5_587_968
+    assert rl.mfu(tied, 8, 4, 2.0, 5_587_968.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="seconds"):
+        rl.mfu(tied, 8, 4, 0.0, 1.0)
     with pytest.raises(ValueError, match="known"):
         rl.peak_flops("abacus")
 

@@ -5,7 +5,7 @@ from orchestrax.rl.advantages import (compute_advantages, dr_grpo_advantages, gr
 from orchestrax.rl.config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.filters import has_final_answer, homogeneity_mask, sample_mask, validity_mask
 from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
-from orchestrax.rl.mfu import mfu, peak_flops, train_flops
+from orchestrax.rl.mfu import matmul_params, mfu, peak_flops, train_flops
 from orchestrax.rl.optim import lr_schedule, make_optimizer
 from orchestrax.rl.state import TrainState, batch_shardings, init_state, state_shardings
 from orchestrax.rl.train_step import TrainStep, make_train_step
@@ -20,7 +20,7 @@ __all__ = [
     "batch_shardings", "compute_advantages", "dr_grpo_advantages", "features_from_trajectories",
     "group_advantages", "group_features", "group_mean_std", "has_final_answer",
     "homogeneity_mask", "init_state", "kl_penalty", "lr_schedule", "make_optimizer",
-    "make_train_step", "mfu", "outcome_reward", "peak_flops", "policy_loss", "rloo_advantages",
+    "make_train_step", "matmul_params", "mfu", "outcome_reward", "peak_flops", "policy_loss", "rloo_advantages",
     "sample_mask", "score_groups", "sft_loss", "state_shardings", "token_weights",
     "toolorchestra_reward", "train_flops", "validity_mask",
 ]
