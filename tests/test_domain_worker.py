@@ -263,3 +263,31 @@ def test_toolscale_env_verdict_has_the_three_checks_from_worker_replays(tmp_path
     assert good.passed and good.db_match
     assert lazy.db_match and lazy.missing_entries and not lazy.passed
     assert mute.missing_info == (name,) and not mute.passed
+
+
+@pytest.mark.skipif(not TOOLSCALE.is_dir(), reason="../shared/data/toolscale absent")
+def test_toolscale_instances_get_the_tool_subset_and_sheet_next_to_the_domain_tools(tmp_path):
+    from agent_fixtures import SleepTool
+
+    from orchestrax.data.instances import InstanceConfig, prepare_instance
+    from orchestrax.envs.toolscale import ToolScaleEnv
+    from orchestrax.tools.randomize import RandomizeConfig
+    from orchestrax.tools.sheets import load_sheet
+
+    bank_db = json.loads((TOOLSCALE / "bank" / "db.json").read_text())
+    (tmp_path / "tasks.json").write_text(json.dumps([_bank_task(bank_db)]))
+    catalog = {n: SleepTool(n, cost=0.5) for n in ("local_search", "python", "web_search")}
+    env = ToolScaleEnv(TOOLSCALE / "bank", tasks=tmp_path / "tasks.json", tools=catalog)
+    [task] = env.tasks("train")
+    cfg = InstanceConfig(randomize=RandomizeConfig(min_tools=1))
+    subsets = set()
+    for seed in range(30):
+        inst = prepare_instance(task, env, split="train", seed=seed, config=cfg)
+        tools = env.tools(inst)
+        domain = [t for t in tools if t.spec.category == "domain"]
+        others = [t for t in tools if t.spec.category != "domain"]
+        assert len(domain) == 21 and others and len(inst.preference) == len(tools) + 3
+        sheet = load_sheet(inst.metadata["tool_config"]["sheet"])
+        assert all(t.spec.pricing == sheet.tools[t.spec.name] for t in others)
+        subsets.add(tuple(t.spec.name for t in others))
+    assert len(subsets) >= 3
