@@ -199,7 +199,8 @@ def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
                 "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert (f"eval settings: enable_thinking=False max_new_tokens=12 max_turns=1 "
-            f"context_tokens=1024 (from {run / 'train_config.json'}, flags override)") in out
+            f"context_tokens=1024 temperature=0.0 (from {run / 'train_config.json'}, flags "
+            "override)") in out
     payload = json.loads((tmp_path / "a" / "eval.json").read_text())
     assert payload["main_turn_limit"] == 1 and [r["turn_limit"] for r in payload["rows"]] == [1]
     recs = payload["records"]["routing"]

@@ -61,7 +61,7 @@ def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
     settings, found = run_info.policy_settings(tmp_path)
     assert found == path
     assert settings == {"enable_thinking": False, "max_new_tokens": 24, "max_turns": 2,
-                        "context_tokens": 768, "env": "routing", "env_kwargs": [("num_eval", 4)],
+                        "context_tokens": 768, "temperature": 0.0, "env": "routing", "env_kwargs": [("num_eval", 4)],
                         "name": "t"}
     (tmp_path / "model").mkdir()
     assert run_info.policy_settings(tmp_path / "model")[1] == path

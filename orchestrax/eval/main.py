@@ -53,9 +53,10 @@ def _catalog(config: str | None, sheet: str | None):
 
 # What eval assumes when neither a flag nor the policy's run says otherwise.
 DEFAULTS = {"enable_thinking": True, "max_new_tokens": 4096, "max_turns": 50,
-            "context_tokens": 32_768}
+            "context_tokens": 32_768, "temperature": 0.0}
 _FLAG = {"enable_thinking": "--thinking-on/--no-thinking", "max_new_tokens": "--max-new-tokens",
-         "max_turns": "--max-turns", "context_tokens": "--context-tokens"}
+         "max_turns": "--max-turns", "context_tokens": "--context-tokens",
+         "temperature": "--temperature"}
 
 
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                               context_tokens=settings["context_tokens"],
                               max_new_tokens=settings["max_new_tokens"],
                               enable_thinking=settings["enable_thinking"],
-                              sampling=SamplingParams(temperature=args.temperature)),
+                              sampling=SamplingParams(temperature=settings["temperature"])),
         policy_pricing=pricing, seconds_per_token=args.seconds_per_token)
     if args.turn_sweep is None:  # cuts of the main run only: the sweep never runs it longer
         sweep = tuple(n for n in DEFAULT_SWEEP if n < settings["max_turns"])
@@ -208,7 +209,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turn-sweep",
                    help="comma-separated turn limits ('' for none; default: those of "
                         "10,20,50,100 below --max-turns, cut from the main run)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float,
+                   help="sampling temperature (default: the run's eval_temperature, else 0)")
     p.add_argument("--max-new-tokens", type=at_least(1),
                    help="tokens per turn (default: the policy's training run, else 4096)")
     p.add_argument("--context-tokens", type=at_least(1),

@@ -37,8 +37,8 @@ def find(directory: str | pathlib.Path) -> pathlib.Path | None:
 
 
 def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], pathlib.Path] | None:
-    """({"enable_thinking", "max_new_tokens", "max_turns", "context_tokens", "env",
-    "env_kwargs", "name"}, file) of the run that trained the policy in `directory`; None when it
+    """({"enable_thinking", "max_new_tokens", "max_turns", "context_tokens", "temperature",
+    "env", "env_kwargs", "name"}, file) of the run that trained the policy in `directory`; None when it
     carries no run config."""
     path = find(directory)
     if path is None:
@@ -49,6 +49,7 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
         out = {k: rollout[k] for k in EPISODE_KEYS}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None
+    out["temperature"] = float(cfg.get("eval_temperature", 0.0))  # the run's own eval rows
     out |= {"env": cfg.get("env"), "env_kwargs": [tuple(kv) for kv in cfg.get("env_kwargs", [])],
             "name": cfg.get("name")}
     return out, path
