@@ -1,11 +1,10 @@
 """Meshes, logical-axis sharding rules and multi-host start-up."""
 
-from orchestrax.parallel.distributed import (allgather_json, barrier, initialize,
-                                              mean_over_processes)
+from orchestrax.parallel.distributed import allgather_json, barrier, initialize
 from orchestrax.parallel.mesh import MeshConfig, make_mesh
 from orchestrax.parallel.rules import (DEFAULT_RULES, Rules, activation_sharding, check_divisible,
                                        constrain, logical_to_spec, tree_shardings)
 
 __all__ = ["DEFAULT_RULES", "MeshConfig", "Rules", "activation_sharding", "allgather_json",
            "barrier", "check_divisible", "constrain", "initialize", "logical_to_spec",
-           "make_mesh", "mean_over_processes", "tree_shardings"]
+           "make_mesh", "tree_shardings"]

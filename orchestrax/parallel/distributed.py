@@ -72,17 +72,3 @@ def allgather_json(obj: Any) -> list[Any]:
     rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
     return [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, sizes)]
 
-
-def mean_over_processes(row: dict[str, Any]) -> dict[str, Any]:
-    """A metrics row with each number the mean over the processes that report it (each ran the
-    same number of episodes); other values are process 0's. One process: the row as it is."""
-    rows = allgather_json(row)
-    if len(rows) == 1:
-        return row
-    out = dict(rows[0])
-    for key in {k for r in rows for k in r}:
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))
-                  and not isinstance(r.get(key), bool)]
-        if values and key not in ("step",):
-            out[key] = float(np.mean(values))
-    return out

@@ -39,7 +39,7 @@ from orchestrax.train.checkpoint import Checkpointer, abstract_like
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
 from orchestrax.train import plots
-from orchestrax.train.metrics import MetricsLog, postfix, progress
+from orchestrax.train.metrics import MetricsLog, combine_process_rows, postfix, progress
 
 log = logging.getLogger(__name__)
 
@@ -447,8 +447,8 @@ class Trainer:
         return {f"rollout_{k}": float(v) for k, v in total.items()}
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
-        # Multi-process: rollout stats are each process's own episodes; the row averages them.
-        row = parallel.mean_over_processes(row)
+        # Multi-process: rollout stats are each process's own episodes; one row for the run.
+        row = combine_process_rows(parallel.allgather_json(row))
         self.metrics.write(row, self._global_step())
         total = {"sft": self.cfg.sft_steps, "rl": self.cfg.steps}.get(row["phase"])
         log.info(console.line(row, total, self._clock))

@@ -13,7 +13,43 @@ import logging
 import pathlib
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
+
+# Counts of events a process saw in its own episodes (episodes, sampler requests, filtered and
+# kept samples, stale drops, flow turn rows): over processes they add up. Every other number is
+# averaged: means, rates, shares and timings of equal shares of episodes, and the train step's
+# metrics, which the step computes on the global batch so every process holds the same value.
+COUNTERS = frozenset({"episodes", "episodes_failed", "filter/format_dropped",
+                      "filter/invalid_dropped", "filter/homogeneous_groups",
+                      "filter/homogeneous_dropped", "filter/kept", "flow/turn_samples",
+                      "flow/dropped_over_budget"})
+COUNTER_PREFIXES = ("rollout_", "rollout/stale_")  # sampler counters, stale-weight drops
+IDENTITY = ("phase", "step")  # which row this is: the same on every process
+
+
+def is_counter(key: str) -> bool:
+    return key in COUNTERS or key.startswith(COUNTER_PREFIXES)
+
+
+def combine_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One metrics row from every process's row of the same step: counters (`is_counter`)
+    summed, other numbers averaged over the processes that report them, anything else
+    process 0's. One row: that row."""
+    if len(rows) == 1:
+        return rows[0]
+    for key in IDENTITY:
+        if len({json.dumps(r.get(key)) for r in rows}) > 1:
+            raise ValueError(f"processes logged different rows: {key} = "
+                             f"{[r.get(key) for r in rows]}")
+    out = dict(rows[0])
+    for key in {k for r in rows for k in r} - set(IDENTITY):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))
+                  and not isinstance(r.get(key), bool)]
+        if values:
+            out[key] = float(sum(values)) if is_counter(key) else float(np.mean(values))
+    return out
 
 
 class MetricsLog:
