@@ -108,6 +108,10 @@ def test_configs_build_and_overrides_name_the_field():
     warm, latency = demo_ns["config_warmstart"](), demo_ns["config"]("latency")
     assert demo.init_from == latency.init_from == warm.out_dir and warm.steps == 0
     assert dict(latency.env_kwargs)["preferences"] == ("latency",)
+    single, single_warm = demo_ns["config_single"](), demo_ns["config_single_warmstart"]()
+    assert single.init_from == single_warm.out_dir != warm.out_dir and single.sft_steps == 0
+    assert single.env_kwargs == single_warm.env_kwargs  # the warm start saw the same phrasings
+    assert dict(single.env_kwargs)["preferences"] == ("pool:cost", "pool:latency")
     cfg = apply_overrides(demo, ["rollout.group_size=4", "optim.lr=1e-5", "steps=3",
                                  "rollout.server_urls=['http://h:1']"])
     assert (cfg.rollout.group_size, cfg.optim.lr, cfg.steps) == (4, 1e-5, 3)
