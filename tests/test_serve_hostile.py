@@ -264,8 +264,9 @@ def test_a_giant_call_delays_a_small_one_by_a_bounded_number_of_turns(engine):
             done_giants.append(r)
 
         tasks = [asyncio.create_task(one(r)) for r in giant]
-        while not (sampler._running or getattr(sampler, "_live", None)):
-            await asyncio.sleep(0.001)   # the giant call is being served
+        while not (sampler._running or getattr(sampler, "_live", None)) and not any(
+                t.done() for t in tasks):
+            await asyncio.sleep(0.001)   # until the giant call is being served
         await sampler.generate([small], client="small")
         before_small = len(done_giants)
         await asyncio.gather(*tasks)
