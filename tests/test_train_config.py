@@ -171,3 +171,32 @@ def test_validator_reads_hints():
                          (Outer(a=float("nan"), b=(), c=None), "a=nan")]:
         with pytest.raises(ValueError, match=message):
             validate.check_fields(bad)
+
+
+def test_a_gs_out_dir_stays_gs_and_makes_no_local_gs_folder(tmp_path, monkeypatch):
+    """configs/qwen3_tpu.py writes under gs://: checkpoints (Orbax) get the gs:// path, the
+    files that need a local file system a mirror under ~/.cache; nothing contacts GCS."""
+    from etils import epath
+    from orchestrax.train import config as train_config, run_info
+    from orchestrax.train.checkpoint import Checkpointer
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    tpu = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "configs" / "qwen3_tpu.py"))
+    assert tpu["config"]().out_dir.startswith("gs://")
+    cfg = dataclasses.replace(tpu["config"](), out_dir="gs://bucket/run")
+    out = train_config.check_out_dir(cfg)
+    assert isinstance(out, epath.Path) and str(out) == "gs://bucket/run"
+    assert str(out / "checkpoints") == "gs://bucket/run/checkpoints"
+    # Checkpointer builds Orbax's manager (which would reach the bucket): only its path here.
+    assert str(run_info.out_path(out / "checkpoints")) == "gs://bucket/run/checkpoints"
+    local = run_info.local_dir(cfg.out_dir)
+    assert local == tmp_path / "home/.cache/orchestrax/runs/gs/bucket/run" and local.is_dir()
+    assert not any(p.name.startswith("gs:") for p in tmp_path.rglob("*")), \
+        sorted(map(str, tmp_path.rglob("*")))
+    # A local out_dir is its own local directory, absolute, and Orbax's path too.
+    here = dataclasses.replace(cfg, out_dir="runs/x")
+    assert str(train_config.check_out_dir(here)) == str(run_info.local_dir("runs/x")) == \
+        str(tmp_path / "runs/x")
+    ckpt = Checkpointer("runs/x/checkpoints", every=1)
+    assert str(ckpt.directory) == str(tmp_path / "runs/x/checkpoints")
+    ckpt.close()

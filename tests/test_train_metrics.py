@@ -114,3 +114,22 @@ def test_process_rows_sum_counters_and_average_the_rest():
     assert combine_process_rows([a]) is a
     with pytest.raises(ValueError, match="step"):
         combine_process_rows([a, b | {"step": 4}])
+
+
+def test_metrics_are_copied_whole_to_a_mirror_and_resumed_from_it(tmp_path):
+    """An object store cannot append: the mirror (gs:// in a TPU run, a local epath here) gets
+    the whole file after every row, and a machine without the local file resumes from it."""
+    from etils import epath
+    mirror = epath.Path(tmp_path / "bucket")
+    mirror.mkdir()
+    (tmp_path / "vm1").mkdir()
+    log = MetricsLog(tmp_path / "vm1", keep_rows=0, resume_step=None, mirror=mirror)
+    for step in (1, 2, 3):
+        log.write({"phase": "rl", "step": step, "loss": float(step)}, step)
+        assert (mirror / "metrics.jsonl").read_text() == (tmp_path / "vm1/metrics.jsonl").read_text()
+    log.close()
+    (tmp_path / "vm2").mkdir()
+    log = MetricsLog(tmp_path / "vm2", keep_rows=2, resume_step=2, mirror=mirror)
+    assert [r["step"] for r in log.read()] == [1, 2]
+    assert len((mirror / "metrics.jsonl").read_text().splitlines()) == 2
+    log.close()

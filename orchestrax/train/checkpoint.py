@@ -21,12 +21,13 @@ import json
 import logging
 import math
 import os
-import pathlib
-import shutil
 from typing import Any, Callable
 
 import jax
+from etils import epath
 import orbax.checkpoint as ocp
+
+from orchestrax.train import run_info
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def abstract_like(tree: Any) -> Any:
 class CorruptCheckpoint(Exception):
     """A step directory that is not whole; `file` is the first bad file found."""
 
-    def __init__(self, step: int, file: pathlib.Path, why: str):
+    def __init__(self, step: int, file: epath.Path, why: str):
         super().__init__(f"checkpoint step {step} is corrupt: {file}: {why}")
         self.step, self.file, self.why = step, file, why
 
@@ -72,7 +73,7 @@ class Checkpointer:
                              "has a previous one to fall back to")
         self.every, self.keep, self.read_only = every, keep, read_only
         self.restored_step: int | None = None
-        self.directory = pathlib.Path(os.path.abspath(directory))
+        self.directory = run_info.out_path(directory)  # gs:// stays gs:// for Orbax
         self._pending: int | None = None
         self._mngr = self._manager()
 
@@ -203,15 +204,15 @@ class Checkpointer:
                                                                               saved["sha256"])
                 if not path.is_file():
                     raise CorruptCheckpoint(step, path, "missing")
-                if path.stat().st_size != size:
-                    raise CorruptCheckpoint(step, path, f"{path.stat().st_size} bytes, "
+                if path.stat().length != size:
+                    raise CorruptCheckpoint(step, path, f"{path.stat().length} bytes, "
                                                         f"{size} when saved (truncated?)")
                 if digest is not None and _sha256(path) != digest:
                     raise CorruptCheckpoint(step, path, "content differs from when it was saved "
                                                         "(SHA-256 mismatch)")
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and (path.name in ("_METADATA", "_CHECKPOINT_METADATA")
-                                   or path.parent.name == "meta" and path.name == "metadata"):
+        for path in _files(root):
+            if (path.name in ("_METADATA", "_CHECKPOINT_METADATA")
+                    or path.parent.name == "meta" and path.name == "metadata"):
                 try:
                     json.loads(path.read_text())
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -225,14 +226,14 @@ class Checkpointer:
         root = self.directory / str(step)
         if step is None or not root.is_dir() or jax.process_index() != 0:
             return
-        files = {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-                 for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+        files = {str(p.relative_to(root)): {"size": p.stat().length, "sha256": _sha256(p)}
+                 for p in _files(root) if p.name != MANIFEST}
         tmp = root / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps({"files": files}, indent=0))
         tmp.rename(root / MANIFEST)  # a manifest is whole or absent
         log.info("checkpoint of step %d committed", step)
 
-    def _attic(self) -> pathlib.Path:
+    def _attic(self) -> epath.Path:
         return self.directory.with_name(self.directory.name + ".corrupt")
 
     def _quarantine(self, bad: CorruptCheckpoint) -> None:
@@ -247,7 +248,7 @@ class Checkpointer:
             attic.mkdir(exist_ok=True)
             target = attic / str(bad.step)
             if target.exists():
-                shutil.rmtree(target)
+                target.rmtree()
             (self.directory / str(bad.step)).rename(target)
         self._mngr.reload()
 
@@ -257,9 +258,14 @@ class Checkpointer:
         self._mngr.close()
 
 
-def _sha256(path: pathlib.Path) -> str:
+def _files(root: epath.Path) -> list[epath.Path]:
+    """Every file under `root`, sorted (epath has no rglob: on GCS one listing per folder)."""
+    return sorted(d / name for d, _, names in root.walk() for name in names)
+
+
+def _sha256(path: epath.Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
     return h.hexdigest()

@@ -12,6 +12,7 @@ import pathlib
 from typing import Any
 
 import jax
+from etils import epath
 
 from orchestrax.agent import chat
 from orchestrax.agent.checks import at_least
@@ -24,6 +25,7 @@ from orchestrax.rollout.embedded import ENGINES
 from orchestrax.train.agent_config import AgentConfig  # sub-agent mode (issue 12)
 from orchestrax.data.instances import InstanceConfig  # per-instance tools, pricing, P (issue 10)
 from orchestrax.tools.catalog import CatalogConfig
+from orchestrax.train import run_info
 from orchestrax.train.validate import check_fields
 
 BACKENDS = ("embedded", "sglang")
@@ -225,9 +227,12 @@ def check_paths(cfg: TrainConfig) -> None:
                                 "give the out_dir of an earlier orchestrax train run")
 
 
-def check_out_dir(cfg: TrainConfig) -> pathlib.Path:
-    """Create `out_dir` and prove it writable, in one line naming the field when it is not."""
-    out = pathlib.Path(cfg.out_dir)
+def check_out_dir(cfg: TrainConfig) -> epath.Path:
+    """`out_dir` as the path checkpoints go to (`run_info.out_path`); its local directory
+    (`run_info.local_dir`: `out_dir` itself unless it is a URI) created and proved writable,
+    in one line naming the field when it is not. A URI is not contacted here: Orbax reports
+    an unwritable bucket at the first save."""
+    out = run_info.local_dir(cfg.out_dir)
     probe = out / ".orchestrax_write_probe"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -236,7 +241,7 @@ def check_out_dir(cfg: TrainConfig) -> pathlib.Path:
     except OSError as e:
         raise ValueError(f"TrainConfig.out_dir={cfg.out_dir!r} is not a writable directory "
                          f"({e.strerror or e}); give a directory this process can write") from None
-    return out
+    return run_info.out_path(cfg.out_dir)
 
 
 def check_vocab(cfg: TrainConfig, tokenizer: Any) -> None:

@@ -47,9 +47,12 @@ log = logging.getLogger(__name__)
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        # Checkpoints under `out` (gs:// stays gs://); what needs a local file system under
+        # `local` (out_dir itself unless out_dir is a URI).
         self.out = config.check_out_dir(cfg)
+        self.local = run_info.local_dir(cfg.out_dir)
         # One trainer per out_dir: a second one would append every metrics row again.
-        self._lock = run_info.lock_out_dir(self.out) if jax.process_index() == 0 else None
+        self._lock = run_info.lock_out_dir(self.local) if jax.process_index() == 0 else None
         log.info("orchestrax train %s: building the env, model and sampler", cfg.name)
         # Everything that can be wrong with the config or its inputs fails here, before any
         # compute (the environment first: its task count bounds tasks_per_step).
@@ -71,9 +74,9 @@ class Trainer:
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
         config.check_master_weights(cfg, params)
         if jax.process_index() == 0:
-            setup.write_model_card(self.out / "model", self.model_cfg, self.tokenizer,
+            setup.write_model_card(self.local / "model", self.model_cfg, self.tokenizer,
                                    cfg.hf_path)
-            run_info.write(self.out, cfg)  # eval and export read the run's settings from it
+            run_info.write(self.local, cfg)  # eval and export read the run's settings from it
             log.info("orchestrax train %s: %d %s device(s), %d process(es), %.3gM params, "
                      "out_dir %s", cfg.name, jax.device_count(), jax.devices()[0].platform,
                      jax.process_count(), models.num_params(self.model_cfg) / 1e6, self.out)
@@ -95,14 +98,15 @@ class Trainer:
         if cfg.resume and self.ckpt.latest_step is not None:
             keep_rows, resumed_at = self._resume()
         elif cfg.init_from is not None:
-            source = Checkpointer(pathlib.Path(cfg.init_from) / "checkpoints", every=0)
+            source = Checkpointer(run_info.out_path(cfg.init_from) / "checkpoints", every=0)
             state, meta = source.restore(self.state)
             source.close()
             self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
             log.info("starting RL from %s (its %s step %d)", cfg.init_from, meta["phase"],
                      meta["step"])
-        self.metrics = MetricsLog(self.out, keep_rows=keep_rows, resume_step=resumed_at,
-                                  writer=jax.process_index() == 0)
+        self.metrics = MetricsLog(self.local, keep_rows=keep_rows, resume_step=resumed_at,
+                                  writer=jax.process_index() == 0,
+                                  mirror=None if str(self.out) == str(self.local) else self.out)
         self._clock = console.Clock()
         self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
         self.executor = ToolExecutor()
@@ -180,7 +184,7 @@ class Trainer:
             history += asyncio.run(self._rl())
         self._close()
         if jax.process_index() == 0:
-            png = plots.plot_run(self.metrics.path, self.out / "metrics.png")
+            png = plots.plot_run(self.metrics.path, self.local / "metrics.png")
             log.info("done: %s; metrics %s, plots %s\n  export: python scripts/export_hf.py %s "
                      "EXPORT_DIR\n  serve:  orchestrax serve --model EXPORT_DIR\n  eval:   "
                      "orchestrax eval --policy %s --tasks TASKS", self.cfg.name,
@@ -294,7 +298,7 @@ class Trainer:
         self.ref_params = None
         if self.cfg.grpo.kl_coef <= 0:
             return
-        path = (self.out / "reference").resolve()
+        path = self.out / "reference"  # absolute already; Orbax wants it so
         ckptr = ocp.StandardCheckpointer()
         parallel.barrier("reference")  # every process sees the same answer to exists()
         if path.exists():
@@ -363,7 +367,7 @@ class Trainer:
         if r.backend == "embedded":
             from orchestrax.rollout import server
             self._server = await server.start(server.ServerState(
-                sampler=self.sampler, model_path=str(self.out / "model"),
+                sampler=self.sampler, model_path=str(self.local / "model"),
                 tokenizer=self.tokenizer))
             urls = (f"http://127.0.0.1:{server.bound_port(self._server)}",)
         build = functools.partial(episodes.EpisodePlayer, self.cfg, urls)
@@ -420,7 +424,7 @@ class Trainer:
     async def _publish_weights(self) -> None:
         version = str(self._global_step())
         await setup.publish(self.sampler, self.cfg, self.model_cfg, self.state.params, version,
-                            self.out)
+                            self.local)
 
     async def _evaluate(self) -> dict[str, Any]:
         """Rollouts on the eval split (greedy unless eval_temperature > 0): accuracy, cost,

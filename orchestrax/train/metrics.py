@@ -14,6 +14,7 @@ import pathlib
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 log = logging.getLogger(__name__)
 
@@ -54,25 +55,32 @@ def combine_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 class MetricsLog:
     def __init__(self, out_dir: pathlib.Path, *, keep_rows: int, resume_step: int | None,
-                 writer: bool = True):
+                 writer: bool = True, mirror: epath.Path | None = None):
         """Keep the first `keep_rows` rows of an existing metrics.jsonl; `resume_step` is the
         global step of the restored checkpoint (None on a fresh start). `writer=False` (every
-        process of a multi-process run but the first) counts rows and writes nothing."""
+        process of a multi-process run but the first) counts rows and writes nothing.
+        `mirror`: a directory (gs://...) that gets a whole copy of metrics.jsonl after every
+        row, since object stores cannot append; a machine without the local file (a new TPU VM
+        resuming) starts from the mirror's copy."""
         from tensorboardX import SummaryWriter
 
         self.path = out_dir / "metrics.jsonl"
+        self.mirror = None if mirror is None else mirror / "metrics.jsonl"
         self.writer = writer
+        source = self.path
+        if not self.path.exists() and self.mirror is not None and self.mirror.exists():
+            source = self.mirror
+        lines = source.read_text().splitlines() if source.exists() else []
         if not writer:
-            self.rows = min(keep_rows, len(self.path.read_text().splitlines())
-                            if self.path.exists() else 0)
+            self.rows = min(keep_rows, len(lines))
             self._tb = None
             return
-        lines = self.path.read_text().splitlines() if self.path.exists() else []
         if len(lines) > keep_rows:
             log.info("dropping %d metrics rows written after the checkpoint (they are re-run)",
                      len(lines) - keep_rows)
         lines = lines[:keep_rows]
         self.path.write_text("".join(line + "\n" for line in lines))
+        self._push()
         self.rows = len(lines)
         purge = None if resume_step is None else resume_step + 1
         self._tb = SummaryWriter(logdir=str(out_dir / "tensorboard"), purge_step=purge,
@@ -86,6 +94,7 @@ class MetricsLog:
             return row
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        self._push()
         self.rows += 1
         for key, value in row.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
@@ -94,6 +103,10 @@ class MetricsLog:
 
     def read(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def _push(self) -> None:
+        if self.mirror is not None:
+            self.mirror.write_text(self.path.read_text())
 
     def close(self) -> None:
         if self._tb is not None:

@@ -6,12 +6,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from typing import Any
+
+from etils import epath
 
 RUN_CONFIG = "train_config.json"
 # Episode settings eval takes from the run unless a flag overrides them.
 EPISODE_KEYS = ("enable_thinking", "max_new_tokens", "max_turns", "context_tokens")
+
+
+def out_path(out_dir: str | os.PathLike) -> epath.Path:
+    """`out_dir` as a path Orbax and etils write through: a URI (gs://bucket/run) stays one,
+    where pathlib would make it a local `gs:/bucket/run` folder; a local path made absolute."""
+    s = os.fspath(out_dir)
+    return epath.Path(s if "://" in s else os.path.abspath(s))
+
+
+def local_dir(out_dir: str | os.PathLike) -> pathlib.Path:
+    """Where a run keeps what needs a local file system (its lock, the metrics.jsonl it appends
+    to, TensorBoard events, the model card servers read, the run config, plots): `out_dir`
+    itself when local; for a URI a mirror at ~/.cache/orchestrax/runs/<scheme>/<bucket>/<path>
+    (metrics.jsonl is copied up to the URI after every row)."""
+    s = os.fspath(out_dir)
+    if "://" not in s:
+        return pathlib.Path(os.path.abspath(s))
+    scheme, rest = s.split("://", 1)
+    return pathlib.Path.home() / ".cache" / "orchestrax" / "runs" / scheme / rest.strip("/")
 
 
 def to_json(cfg: Any) -> dict[str, Any]:
