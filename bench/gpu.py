@@ -4,14 +4,18 @@ EpisodePool start time, compiled vs measured peak memory. Random weights, no hub
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python bench/gpu.py            # one GPU, <= 8 min
     python bench/gpu.py --smoke                                          # CPU, tiny presets
 
+The compilation cache (--cache-dir) is on: compile time is reported apart from step time, and a
+rerun finds its compiles there.
+
 Each section runs in its own child process under its own timeout (a hung compile or an
 out-of-memory cannot take the rest down, and each section's peak memory is its own); a section
 that fails or times out is reported as such in the table. Prints a table and appends one dated
 line to bench/RESULTS.md (or --results).
 
-- train: `rl.make_train_step` on qwen3-8b, fp32 params + AdamW, bf16 compute, remat full,
-  B x T = 16k tokens at T = 2k and 8k (micro-batches of <= 4k tokens); MFU = 6 N tokens / s over
-  the datasheet bf16 peak of the detected chip (`jax.devices()[0].device_kind`).
+- train: `rl.make_train_step`, bf16 compute, fp32 params, remat full (gradients accumulated
+  in place), B x T = 16k tokens at T = 4k in 4 micro-batches: Qwen3-8B with bf16 Adam moments
+  (as configs' config_one_h200), Qwen3-4B with fp32 Adam; MFU = rl.mfu (matmul + causal
+  attention FLOPs) over the datasheet bf16 peak of the detected chip.
 - sampler: `rollout.engine.ContinuousEngine`, qwen3-8b bf16, 64 and 256 concurrent requests of
   256 prompt + 256 new tokens at T = 1; output tok/s and the fraction of the bandwidth floor
   (every decode step reads the weights and each row's filled KV once, at datasheet HBM speed).
@@ -59,7 +63,7 @@ def _peak_bytes() -> float | None:
     return None if not stats else stats.get("peak_bytes_in_use")
 
 
-def section_train(smoke: bool, seq: int) -> dict:
+def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -69,13 +73,17 @@ def section_train(smoke: bool, seq: int) -> dict:
         cfg = models.tiny_config(dtype="bfloat16", remat="full")
         tokens = 4 * seq
     else:
-        cfg = models.preset("qwen3-8b", dtype="bfloat16", remat="full")
+        cfg = models.preset(model, dtype="bfloat16", remat="full")
         tokens = 16384
     b = tokens // seq
     micro = max(1, b // max(1, 4096 // seq))                 # <= 4k tokens per micro-step
     gcfg = rl.GRPOConfig(compute_entropy=False, logprob_chunk=min(seq, 1024),
                          num_microbatches=micro)
-    train = rl.make_train_step(cfg, gcfg, rl.OptimizerConfig(lr=1e-6))
+    # Qwen3-8B as config_one_h200 trains it (bf16 moments; fp32 Adam with its 30.5 GiB moments
+    # compiles past the card's 133 GiB, bench/gpu_compile.py); Qwen3-4B with fp32 Adam.
+    lean = "bfloat16" if model == "qwen3-8b" and not smoke else None
+    train = rl.make_train_step(cfg, gcfg, rl.OptimizerConfig(lr=1e-6, mu_dtype=lean,
+                                                             nu_dtype=lean))
     state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
     rng = np.random.default_rng(0)
     batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, seq)), jnp.int32),
@@ -98,7 +106,7 @@ def section_train(smoke: bool, seq: int) -> dict:
     t = sorted(times)[len(times) // 2]
     n = models.num_params(cfg)
     chip = _chip()
-    return {"what": f"train_step T={seq}", "model": "tiny" if smoke else "qwen3-8b",
+    return {"what": f"train_step T={seq}", "model": "tiny" if smoke else model,
             "B": b, "T": seq, "micro": micro, "s_per_step": t, "tok_s": tokens / t,
             "mfu": rl.mfu(cfg, tokens, seq, t, rl.peak_flops(chip)) if chip else None,
             "compile_s": compile_s, "loss": float(metrics["loss_first"]),
@@ -142,7 +150,7 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     steps_bytes = sum(weight_bytes + concurrency * (prompt + j) * kv_per_token
                       for j in range(new))
     peer_s = None
-    if concurrency <= 64:  # the static batcher as the peer (too slow at 256 for the budget)
+    if smoke:  # the static batcher as the peer (on a GPU its compiles would not fit the budget)
         import asyncio
         from orchestrax.rollout.embedded import EmbeddedSampler
         async def timed_static() -> float:  # one event loop: the sampler's queue is bound to it
@@ -182,24 +190,28 @@ def section_pool(smoke: bool, workers: int) -> dict:
             "episodes": len(trajs)}
 
 
-SECTIONS = {"train": section_train, "sampler": section_sampler, "pool": section_pool}
+SECTIONS = {"train": section_train, "train4b": functools.partial(section_train, model="qwen3-4b"),
+            "sampler": section_sampler, "pool": section_pool}
 
 
 def plan(smoke: bool) -> list[tuple[str, int, int]]:
-    """(section, argument, timeout s); the full plan fits in 8 minutes of timeouts."""
+    """(section, argument, timeout s); the timeouts add up to 460 s (<= 8 minutes). Sized from
+    bench/gpu_compile.py's compiles for the H200: the 8B step at 16k tokens with bf16 moments
+    and in-place accumulation stays under 110 GiB; a section's first call compiles (~20-40 s
+    for 8B on a 16-core host, then from the compilation cache)."""
     if smoke:
         return [("train", 32, 240), ("sampler", 4, 240), ("sampler", 8, 240), ("pool", 2, 120)]
-    return [("train", 2048, 130), ("train", 8192, 130), ("sampler", 64, 80),
-            ("sampler", 256, 100), ("pool", 16, 30)]
+    return [("train", 4096, 120), ("train4b", 4096, 90), ("sampler", 64, 100),
+            ("sampler", 256, 120), ("pool", 16, 30)]
 
 
 # --- driver ------------------------------------------------------------------------------------
-def run_child(name: str, arg: int, timeout: int, smoke: bool) -> dict:
+def run_child(name: str, arg: int, timeout: int, smoke: bool, cache_dir: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep
            + os.environ.get("PYTHONPATH", "")}
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
-    cmd = [sys.executable, __file__, "--section", name, "--arg", str(arg)] + (
-        ["--smoke"] if smoke else [])
+    cmd = [sys.executable, __file__, "--section", name, "--arg", str(arg),
+           "--cache-dir", cache_dir] + (["--smoke"] if smoke else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -246,17 +258,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny presets, CPU, seconds")
     ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/orchestrax-xla"),
+                    help="JAX persistent compilation cache")
     ap.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)
     ap.add_argument("--arg", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.section:                      # child: one section, its result as the last line
+        import jax
+        # Compiles persist across sections and runs: a rerun spends its budget on steps.
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         print(json.dumps(SECTIONS[args.section](args.smoke, args.arg)))
         return
     import jax
     device = jax.devices()[0]
     kind = f"{device.platform} {device.device_kind}"
     t0 = time.perf_counter()
-    rows = [run_child(name, arg, timeout, args.smoke) for name, arg, timeout in plan(args.smoke)]
+    rows = [run_child(name, arg, timeout, args.smoke, args.cache_dir)
+            for name, arg, timeout in plan(args.smoke)]
     total = time.perf_counter() - t0
     print(f"bench/gpu.py on {kind}{' (smoke)' if args.smoke else ''}, {total:.0f} s")
     for r in rows:

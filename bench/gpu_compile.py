@@ -4,7 +4,9 @@ Each shipped config's GRPO step, SFT step, reference pass and sampler prefill / 
 lowered at the config's real shapes on abstract arguments and compiled for a GPU target that
 is not there (an H200, or an 8xH100 node, from ../shared/gpu_targets/*.txtpb); the table gives
 XLA's compiled memory per device (arguments, temporaries, their total with donated buffers
-counted once) against the usable memory of the card, and what the optimized HLO holds: cuDNN
+counted once), plus what stays on the device outside that compile ("held": the frozen KL
+reference during the GRPO step; the train state and reference while the embedded sampler
+runs), against the usable memory of the card, and what the optimized HLO holds: cuDNN
 attention calls, big copies in the decode step (a whole-cache or per-layer KV copy, a weight
 copy), collectives, and whether XLA warned of an "involuntary full rematerialization".
 
@@ -32,6 +34,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import importlib
 import os
 import pathlib
@@ -150,10 +153,17 @@ def lower_case(case: Case, devices, smoke: bool):
     mat = lambda b, t, dt, s=row_sh: jax.ShapeDtypeStruct((b, t), dt, sharding=s)  # noqa: E731
     info = {"model": cfg, "tc": tc, "mesh": mesh, "shapes": sh}
 
+    ref_params = abstract(jax.eval_shape(functools.partial(models.compute_copy, cfg),
+                                         p_shapes), models.param_shardings(cfg, mesh))
+    # Held on the device besides what a compile's arguments count: the frozen reference
+    # (compute-dtype copy) with a KL term, and the train state while the sampler runs.
+    held_ref = _device_bytes(ref_params) if tc.grpo.kl_coef > 0 else 0
     with parallel.activation_sharding(mesh):
         if case.kind in ("grpo", "sft"):
             sft = case.kind == "sft"
-            gcfg = dataclasses.replace(tc.grpo, objective="sft") if sft else tc.grpo
+            # The warm start is plain SFT: no KL term, no reference.
+            gcfg = (dataclasses.replace(tc.grpo, objective="sft", kl_coef=0.0) if sft
+                    else tc.grpo)
             ocfg = (tc.sft_optim or tc.optim) if sft else tc.optim
             if sft:
                 gcfg = dataclasses.replace(gcfg, num_minibatches=1)
@@ -172,21 +182,25 @@ def lower_case(case: Case, devices, smoke: bool):
                 if gcfg.kl_coef > 0:
                     batch["ref_logprobs"] = mat(b, t, jnp.float32)
             info["rows"] = f"{b}x{t}, {gcfg.num_minibatches}x{gcfg.num_microbatches} micro"
+            info["held"] = 0 if sft else held_ref
             fn = jax.jit(train.step, donate_argnums=0)
             return fn.lower(state, batch), info
         if case.kind == "ref":
-            # The reference pass scores one micro-batch of the GRPO step at a time.
-            b = max(len(devices), sh["rows"] // (tc.grpo.num_minibatches
-                                                 * tc.grpo.num_microbatches))
+            # As the loop runs it: the whole batch, a micro-batch of rows (>= 1 a device) a pass.
+            b = sh["rows"]
+            per = max(len(devices), b // (tc.grpo.num_minibatches * tc.grpo.num_microbatches))
             ids = mat(b, sh["seq"], jnp.int32)
-            fn = jax.jit(lambda p, i, m: models.token_logprobs(
-                cfg, p, i, m, chunk_size=tc.grpo.logprob_chunk))
-            info["rows"] = f"{b}x{sh['seq']}"
-            return fn.lower(params, ids, ids), info
-        # Sampler: the engine's own jitted steps over its slot cache (bf16 weights).
-        scfg = cfg.replace(param_dtype=cfg.dtype, remat="none")
-        sp = abstract(jax.eval_shape(lambda: models.init_params(scfg)),
-                      models.param_shardings(scfg, mesh))
+            fn = jax.jit(lambda p, i, m: rl.reference_logprobs(cfg, tc.grpo, p, i, m, rows=per))
+            info["rows"] = f"{b}x{sh['seq']}, {per} rows a pass"
+            info["held"] = 0          # the reference is this compile's argument
+            return fn.lower(ref_params, ids, ids), info
+        # Sampler: the engine's own jitted steps over its slot cache, on the compute-dtype copy
+        # of the weights it gets at every weight sync; the train state stays on the device.
+        scfg = cfg.replace(remat="none")
+        sp = ref_params
+        state = jax.eval_shape(lambda p: rl.init_state(p, tc.optim), p_shapes)
+        info["held"] = held_ref + _device_bytes(abstract(
+            state, rl.state_shardings(cfg, tc.optim, mesh)))
         slots, max_len = sh["slots"], sh["max_len"]
         st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
         st = abstract(st_shapes, parallel.tree_shardings(st_shapes,
@@ -209,6 +223,17 @@ def lower_case(case: Case, devices, smoke: bool):
         info["rows"] += ", 1 step"
         return engine_mod._decode.lower(scfg, sp, st, keep, n_steps=1, n_top=0,
                                         span=max_len), info
+
+
+def _device_bytes(tree) -> int:
+    """Bytes of one device's shards of a tree of sharded ShapeDtypeStructs."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        n = 1
+        for d in x.sharding.shard_shape(x.shape):
+            n *= d
+        total += n * jnp.dtype(x.dtype).itemsize
+    return total
 
 
 @contextlib.contextmanager
@@ -280,13 +305,14 @@ def compile_case(case: Case, smoke: bool) -> dict:
     except Exception:  # noqa: BLE001 - cost analysis is optional per backend
         accessed = None
     return {"case": case, "rows": info["rows"], "args": m.argument_size_in_bytes,
-            "temps": m.temp_size_in_bytes, "total": total, "usable": usable,
-            "fits": total <= usable, "remat_warnings": remat, "compile_s": seconds,
+            "temps": m.temp_size_in_bytes, "total": total, "held": info["held"],
+            "usable": usable, "fits": total + info["held"] <= usable, "remat_warnings": remat, "compile_s": seconds,
             "bytes_accessed": accessed, **facts}
 
 
 # --- table -------------------------------------------------------------------------------------
-HEADER = ("| case | shape | args GiB | temps GiB | total GiB | usable GiB | fits | cuDNN | "
+HEADER = ("| case | shape | args GiB | temps GiB | total GiB | + held GiB | usable GiB | fits | "
+          "cuDNN | "
           "big copies (decode) | collectives (static ops) | involuntary remat | compile s |")
 
 
@@ -295,7 +321,7 @@ def row(r: dict) -> str:
     copies = "-" if r["case"].kind != "decode" else (
         f"{r['big_copies']} ({r['big_copy_bytes'] / GIB:.2f} GiB)")
     return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "
-            f"| {r['total'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "
+            f"| {r['total'] / GIB:.1f} | {r['held'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "
             f"{'yes' if r['fits'] else '**NO**'} | {r['cudnn']} | {copies} | {coll} | "
             f"{r['remat_warnings'] or 'none'} | {r['compile_s']:.0f} |")
 

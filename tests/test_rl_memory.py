@@ -150,3 +150,21 @@ def test_bf16_moments_train_like_fp32_adamw_over_200_steps():
 def test_optimizer_config_names_the_moment_dtypes():
     with pytest.raises(ValueError, match="nu_dtype"):
         rl.OptimizerConfig(nu_dtype="float16")
+
+
+def test_reference_in_compute_dtype_row_passes_scores_like_fp32_masters():
+    """The frozen reference as `compute_copy` (bf16 matrices, norms as stored), scored a few
+    rows a pass: bitwise the logprobs of the fp32 masters over the whole batch at once."""
+    cfg = models.tiny_config(dtype="bfloat16")
+    params = models.init_params(cfg)
+    ref = models.compute_copy(cfg, params)
+    assert ref["layers"]["q"].dtype == jnp.bfloat16
+    assert ref["final_norm"].dtype == ref["layers"]["attn_norm"].dtype == jnp.float32
+    x = _batch(cfg, b=4)
+    want = models.token_logprobs(cfg, params, x["tokens"], x["attention_mask"], chunk_size=8)
+    gcfg = rl.GRPOConfig(logprob_chunk=8)
+    got = jax.jit(lambda p, t, m: rl.reference_logprobs(cfg, gcfg, p, t, m, rows=2))(
+        ref, x["tokens"], x["attention_mask"])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="rows=3"):
+        rl.reference_logprobs(cfg, gcfg, ref, x["tokens"], x["attention_mask"], rows=3)

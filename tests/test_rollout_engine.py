@@ -237,7 +237,8 @@ def test_bench_gpu_smoke(tmp_path):
     out = tmp_path / "RESULTS.md"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--smoke", "--results",
-         str(out)], capture_output=True, text=True, timeout=600,
+         str(out), "--cache-dir", str(tmp_path / "xla")], capture_output=True, text=True,
+        timeout=600,
         env={**os.environ, "XLA_FLAGS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = out.read_text()

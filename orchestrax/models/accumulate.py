@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from orchestrax.models.configs import ModelConfig
-from orchestrax.models.model import (_block, _check_packing, _embed, logprobs_from_hidden,
-                                     positions_from_mask, rms_norm)
+from orchestrax.models.model import (_block, _embed, _valid_and_positions, logprobs_from_hidden,
+                                     rms_norm)
 
 Params = dict[str, Any]
 
@@ -32,14 +32,8 @@ def value_and_grad_into(cfg: ModelConfig, loss_fn: Callable, params: Params, acc
     """(acc + d loss / d params, (loss, aux)) where `loss, aux = loss_fn(logp, entropy)` and
     logp, entropy (None without `return_entropy`) are `token_logprobs` of the same arguments.
     `acc` has the params' structure (any float dtype per leaf) and should be donated or carried."""
-    b, t = tokens_BT.shape
-    _check_packing(tokens_BT, segment_ids_BT, positions_BT)
-    if attention_mask_BT is None:
-        attention_mask_BT = (jnp.ones((b, t), jnp.bool_) if segment_ids_BT is None
-                             else segment_ids_BT > 0)
-    valid_BT = attention_mask_BT.astype(jnp.bool_)
-    if positions_BT is None:
-        positions_BT = positions_from_mask(valid_BT)
+    valid_BT, positions_BT = _valid_and_positions(tokens_BT, attention_mask_BT, segment_ids_BT,
+                                                  positions_BT)
     layers = params["layers"]
     rest = {k: v for k, v in params.items() if k != "layers"}
 

@@ -145,6 +145,19 @@ def _check_packing(input_ids_BT, segment_ids_BT, positions_BT) -> None:
                          "restarting at 0 (data.sft batches carry them)")
 
 
+def _valid_and_positions(input_ids_BT, attention_mask_BT, segment_ids_BT, positions_BT):
+    """(bool key/query validity [B, T], positions [B, T]) of a training forward's arguments."""
+    b, t = input_ids_BT.shape
+    _check_packing(input_ids_BT, segment_ids_BT, positions_BT)
+    if attention_mask_BT is None:
+        attention_mask_BT = (jnp.ones((b, t), jnp.bool_) if segment_ids_BT is None
+                             else segment_ids_BT > 0)
+    valid_BT = attention_mask_BT.astype(jnp.bool_)
+    if positions_BT is None:
+        positions_BT = positions_from_mask(valid_BT)
+    return valid_BT, positions_BT
+
+
 # --- public forward passes --------------------------------------------------------------------
 def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
                   attention_mask_BT: jax.Array | None = None, *,
@@ -155,15 +168,9 @@ def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
     Packed rows: `segment_ids_BT` (int, 0 = padding) keeps each token's attention inside its
     own segment and needs `positions_BT`; the attention mask then defaults to segment_ids > 0.
     `positions_BT` alone overrides the positions counted from the attention mask."""
-    b, t = input_ids_BT.shape
-    _check_packing(input_ids_BT, segment_ids_BT, positions_BT)
-    if attention_mask_BT is None:
-        attention_mask_BT = (jnp.ones((b, t), jnp.bool_) if segment_ids_BT is None
-                             else segment_ids_BT > 0)
-    valid_BT = attention_mask_BT.astype(jnp.bool_)
+    valid_BT, positions_BT = _valid_and_positions(input_ids_BT, attention_mask_BT,
+                                                  segment_ids_BT, positions_BT)
     x_BTD = _embed(cfg, params, input_ids_BT)
-    if positions_BT is None:
-        positions_BT = positions_from_mask(valid_BT)
     x, _ = _layers(cfg, params, x_BTD, positions_BT, valid_BT, segment_ids_BT=segment_ids_BT)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
 
@@ -278,6 +285,17 @@ def logprobs_from_hidden(cfg: ModelConfig, params: Params, h_BTD: jax.Array,
     return (logp, entropy) if return_entropy else logp
 
 
+def compute_copy(cfg: ModelConfig, params: Params) -> Params:
+    """The params as the forward passes read them: weight matrices in the compute dtype, norm
+    weights as stored (rms_norm reads them in float32). Every forward pass gives bitwise the
+    values it gives on `params`, from half the memory of fp32 masters under bf16 compute: for a
+    frozen reference or a sampler's copy."""
+    dt = jnp.dtype(cfg.dtype)
+    return jax.tree_util.tree_map_with_path(   # fresh buffers: the masters may be donated
+        lambda path, p: jnp.array(p, copy=True, dtype=p.dtype if str(
+            getattr(path[-1], "key", "")).endswith("norm") else dt), params)
+
+
 # --- KV cache ---------------------------------------------------------------------------------
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:
     """Empty cache of `max_len` slots. `mask[b, s]` marks slots holding a real token."""
@@ -313,7 +331,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array
 jit_forward = jax.jit(forward, static_argnums=0)
 jit_forward_with_cache = jax.jit(forward_with_cache, static_argnums=0, donate_argnums=4,
                                  static_argnames="last_only")
-__all__ = ["forward", "hidden_states", "lm_logits", "token_logprobs", "logprobs_from_hidden",
+__all__ = ["compute_copy", "forward", "hidden_states", "lm_logits", "token_logprobs", "logprobs_from_hidden",
            "init_cache",
            "forward_with_cache", "positions_from_mask", "segment_starts", "jit_forward",
            "jit_forward_with_cache", "rms_norm", "rope"]

@@ -177,6 +177,22 @@ def _old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch) -> jax.Array:
     return jax.lax.stop_gradient(old.reshape(shape))
 
 
+def reference_logprobs(mcfg, gcfg: GRPOConfig, params, tokens_BT: jax.Array,
+                       attention_mask_BT: jax.Array, rows: int) -> jax.Array:
+    """[B, T] logprobs of a batch scored `rows` rows at a time (a micro-batch's memory, not the
+    batch's), each pass taking rows strided over the batch so a row-sharded batch keeps every
+    device busy. Jit it with `rows` static."""
+    B, T = tokens_BT.shape
+    if B % rows:
+        raise ValueError(f"reference_logprobs: rows={rows} does not divide the batch of {B}")
+    n = B // rows
+    split = lambda x: jnp.swapaxes(x.reshape(rows, n, T), 0, 1)  # noqa: E731 - row i·n + j
+    out = jax.lax.map(lambda ta: models.token_logprobs(
+        mcfg, params, ta[0], ta[1], temperature=gcfg.temperature,
+        chunk_size=gcfg.logprob_chunk), (split(tokens_BT), split(attention_mask_BT)))
+    return jnp.swapaxes(out, 0, 1).reshape(B, T)
+
+
 def _with_loss_weights(mb: Batch, gcfg: GRPOConfig) -> Batch:
     """Adds loss weights `w` (by gcfg.agg) and token-mean metric weights `mw`, both computed from
     each whole minibatch's mask so micro-batch losses sum to the minibatch loss."""

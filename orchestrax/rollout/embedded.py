@@ -95,6 +95,12 @@ class EmbeddedSampler:
         self._getter = lambda: self._params
         self.weight_version = weight_version
 
+    def drop_params(self) -> None:
+        """Free this sampler's weights until the next `set_params` (a trainer's step needs the
+        memory; nothing may be generated in between)."""
+        self._params = None
+        self._getter = lambda: self._params
+
     def admit_error(self, r: GenerateRequest) -> str | None:
         """Why this sampler cannot run `r` (naming the field), or None. `generate` raises it as a
         ValueError before anything is queued."""

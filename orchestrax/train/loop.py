@@ -35,7 +35,7 @@ from orchestrax.rollout.sglang_client import SGLangClient
 from orchestrax.tools.randomize import instance_seed
 from orchestrax.train import (batching, checkpoint, config, console, episodes, run_info, setup,
                               warmstart)
-from orchestrax.train.checkpoint import Checkpointer, abstract_like
+from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
 from orchestrax.train import plots
@@ -272,6 +272,8 @@ class Trainer:
             if self.ref_params is not None:
                 batch["ref_logprobs"] = self._ref_logprobs(
                     self.ref_params, batch["tokens"], batch["attention_mask"])
+            if hasattr(self.sampler, "drop_params"):   # its copy is remade right after
+                self.sampler.drop_params()
             self.state, metrics = self.update.step(self.state, batch)
             self._stop_if_broken(metrics)
             self.step += 1
@@ -301,19 +303,30 @@ class Trainer:
         path = self.out / "reference"  # absolute already; Orbax wants it so
         ckptr = ocp.StandardCheckpointer()
         parallel.barrier("reference")  # every process sees the same answer to exists()
+        # Frozen, so kept as the forward reads it (compute-dtype matrices): same logprobs as
+        # the fp32 masters, half their memory.
         if path.exists():
-            self.ref_params = ckptr.restore(path, abstract_like(self.state.params))
+            like = jax.eval_shape(functools.partial(models.compute_copy, self.model_cfg),
+                                  self.state.params)
+            like = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                                  sharding=p.sharding),
+                                like, self.state.params)
+            self.ref_params = ckptr.restore(path, like)
         else:
-            self.ref_params = jax.tree.map(jnp.copy, self.state.params)  # state is donated
+            self.ref_params = models.compute_copy(self.model_cfg, self.state.params)
             ckptr.save(path, self.ref_params)
             ckptr.wait_until_finished()
-        temperature = self.cfg.grpo.temperature
-        chunk = self.cfg.grpo.logprob_chunk
+        g, dp = self.cfg.grpo, rl.data_parallel_degree(self.mesh, parallel.DEFAULT_RULES)[0]
+
+        def ref(p, t, m):   # a micro-batch of rows a pass (the step's memory), >= 1 a device
+            b = t.shape[0]
+            per = max(dp, b // (g.num_minibatches * g.num_microbatches))
+            return rl.reference_logprobs(self.model_cfg, g, p, t, m,
+                                         rows=per if b % per == 0 else b)
+
         # Out on the batch's own row sharding, as the step takes it.
         rows = rl.batch_shardings({"tokens": np.zeros((1, 1))}, self.mesh)["tokens"]
-        self._ref_logprobs = jax.jit(lambda p, t, m: models.token_logprobs(
-            self.model_cfg, p, t, m, temperature=temperature, chunk_size=chunk),
-            out_shardings=rows)
+        self._ref_logprobs = jax.jit(ref, out_shardings=rows)
 
     # --- pieces --------------------------------------------------------------------------------
     async def _rollout(self, tasks: Sequence[Task], group: int,

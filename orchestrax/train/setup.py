@@ -141,7 +141,10 @@ def sampler_params(model_cfg: models.ModelConfig, params: Any) -> Any:
     """`params` as this process's embedded sampler can use them. Multi-process: the training
     params span every process's devices, and a sampler runs on its own process alone, so the
     params are gathered (a collective: every process calls this at the same point) and put on a
-    mesh of this process's local devices."""
+    mesh of this process's local devices. Either way the sampler gets its own copy in the
+    forward's dtypes (`models.compute_copy`: the same tokens and logprobs as the fp32 masters,
+    half their memory and of the weight bytes each decode step reads)."""
+    params = models.compute_copy(model_cfg, params)
     if jax.process_count() == 1:
         return params
     from jax.experimental import multihost_utils
