@@ -96,8 +96,8 @@ def _child(mode: str, run: str) -> None:
     # What load_policy imports lazily, and the backend, are not the restore's memory.
     import orbax.checkpoint  # noqa: F401
     import orchestrax.rollout.embedded  # noqa: F401
-    from orchestrax.train.setup import load_tokenizer
-    load_tokenizer(str(pathlib.Path(run) / "model"))
+    from orchestrax import registry
+    registry.build_tokenizer(str(pathlib.Path(run) / "model"))
     jax.devices()
     base = _status_mib("VmRSS")
     _reset_peak()

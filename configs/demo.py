@@ -9,6 +9,7 @@ preferred tool's share is near 1 after about 5 GRPO steps, so the runs stop ther
 import dataclasses
 
 from orchestrax import models
+from orchestrax.envs.routing import RoutingConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.config import RolloutConfig, TrainConfig
@@ -17,7 +18,8 @@ OUT = "runs/demo"
 STEPS = 5  # GRPO steps per preference run
 
 
-def config_warmstart(env_kwargs=(("num_eval", 16),), out_dir=f"{OUT}/warmstart") -> TrainConfig:
+def config_warmstart(env: RoutingConfig = RoutingConfig(num_eval=16),
+                     out_dir: str = f"{OUT}/warmstart") -> TrainConfig:
     """Supervised warm start only (steps=0); its step-0 evaluation is the "before RL" row."""
     return TrainConfig(
         name="demo-warmstart",
@@ -37,8 +39,7 @@ def config_warmstart(env_kwargs=(("num_eval", 16),), out_dir=f"{OUT}/warmstart")
         rollout=RolloutConfig(backend="embedded", group_size=8, tasks_per_step=8,
                               temperature=0.7, max_new_tokens=48, max_turns=3,
                               context_tokens=768, enable_thinking=False, sampler_max_batch=64),
-        env="routing",
-        env_kwargs=env_kwargs,
+        env=env,
         sft_steps=60,
         sft_batch=32,
         steps=0,
@@ -54,7 +55,7 @@ def config(preference: str = "cost") -> TrainConfig:
     """GRPO from the warm start on tasks whose P weighs `preference` ("cost" or "latency")."""
     c = config_warmstart()
     return dataclasses.replace(c, name=f"demo-{preference}", sft_steps=0, steps=STEPS,
-                               env_kwargs=(*c.env_kwargs, ("preferences", (preference,))),
+                               env=dataclasses.replace(c.env, preferences=(preference,)),
                                init_from=c.out_dir, out_dir=f"{OUT}/{preference}")
 
 
@@ -66,8 +67,8 @@ def config_latency() -> TrainConfig:
 # cost-weighted and latency-weighted training pairs, both kinds in every step, evaluated on
 # held-out tasks with the training phrasings. In the runs so far it did not learn to condition
 # on P (README, "What the demo does not show"); these are the settings of the last run.
-SINGLE_ENV = (("num_eval", 16), ("preferences", ("pool:cost", "pool:latency")),
-              ("eval_preferences", ("pool:cost", "pool:latency")), ("eval_pool", "train"))
+SINGLE_ENV = RoutingConfig(num_eval=16, preferences=("pool:cost", "pool:latency"),
+                           eval_preferences=("pool:cost", "pool:latency"), eval_pool="train")
 
 
 def config_single_warmstart() -> TrainConfig:

@@ -19,6 +19,10 @@ import pathlib
 
 from orchestrax import models
 from orchestrax.data.instances import InstanceConfig
+from orchestrax.envs.mixture import MixConfig, MixSource
+from orchestrax.envs.qa import QAConfig
+from orchestrax.envs.tau2 import Tau2Config
+from orchestrax.envs.toolscale import ToolScaleConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.tools.catalog import CatalogConfig
@@ -83,21 +87,20 @@ def instances() -> InstanceConfig:
 def mixture(user: tuple[str, str] | None = USER, *, tau2_domains=("retail", "airline", "telecom"),
             qa_sets=("musique_500", "bamboogle_125", "aime_2024_2025"),
             toolscale: tuple[tuple[str, str], ...] = (),
-            tool_share: float = 0.5) -> tuple[tuple[str, float, str, tuple], ...]:
-    """Task sources and weights (env="mix"): `tool_share` of the tasks from the tool-use
+            tool_share: float = 0.5) -> MixConfig:
+    """Task sources and weights: `tool_share` of the tasks from the tool-use
     domains (tau2 here; `toolscale` = ((domain folder, tasks file), ...) adds ToolScale domains
     with synthesised tasks), the rest QA as the reasoning part (paper: GeneralThought-430K, not
     available here; FRAMES stays out for evaluation). Each group splits its share evenly (ours)."""
-    user_kw = (("user_url", user[0]), ("user_model", user[1])) if user else ()
-    domains = [(f"tau2_{d}", "tau2", (("domain", str(DATA / "tau2" / d)), *user_kw))
+    endpoint = ChatEndpoint(base_url=user[0], model=user[1]) if user else None
+    domains = [(f"tau2_{d}", Tau2Config(domain=str(DATA / "tau2" / d), user=endpoint))
                for d in tau2_domains]
-    domains += [(f"toolscale_{pathlib.Path(folder).name}", "toolscale",
-                 (("domain", folder), ("tasks", tasks))) for folder, tasks in toolscale]
-    qa = [(f"qa_{name}", "qa", (("path", str(DATA / "qa" / f"{name}.jsonl")),))
-          for name in qa_sets]
-    out = [(n, tool_share / len(domains), env, kw) for n, env, kw in domains]
-    out += [(n, (1 - tool_share) / len(qa), env, kw) for n, env, kw in qa]
-    return tuple(out)
+    domains += [(f"toolscale_{pathlib.Path(folder).name}",
+                 ToolScaleConfig(domain=folder, tasks=tasks)) for folder, tasks in toolscale]
+    qa = [(f"qa_{name}", QAConfig(path=str(DATA / "qa" / f"{name}.jsonl"))) for name in qa_sets]
+    out = [MixSource(name=n, weight=tool_share / len(domains), env=e) for n, e in domains]
+    out += [MixSource(name=n, weight=(1 - tool_share) / len(qa), env=e) for n, e in qa]
+    return MixConfig(sources=tuple(out))
 
 
 def grpo(*, num_minibatches: int = 4, num_microbatches: int = 8,
@@ -140,7 +143,7 @@ def recipe(**changes) -> TrainConfig:
         sft_optim=OptimizerConfig(lr=1e-5, warmup_steps=20, schedule="cosine", total_steps=500,
                                   weight_decay=0.0),  # ours: the warm start only fixes the format
         rollout=rollout(backend="sglang", server_urls=_urls(30000, 4)),
-        env="mix", env_kwargs=(("sources", mixture()),),
+        env=mixture(),
         tools=tools(), instances=instances(),
         sft_data=SFT_DATA, sft_steps=500, sft_batch=64,
         steps=500, out_dir="runs/toolorchestra", checkpoint_every=10, eval_every=25)
@@ -224,8 +227,7 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
                         group_size=4, tasks_per_step=4, max_turns=3, context_tokens=4096,
                         max_new_tokens=32, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),
-        env_kwargs=(("sources", mixture(user, tau2_domains=("retail",),
-                                        qa_sets=("bamboogle_125", "aime_2024_2025"))),),
+        env=mixture(user, tau2_domains=("retail",), qa_sets=("bamboogle_125", "aime_2024_2025")),
         tools=tools(experts, search_backend="bm25", search_titles=titles, web=False),
         sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=4, sft_batch=8, steps=3,
         out_dir=out_dir, checkpoint_every=1, eval_every=0)

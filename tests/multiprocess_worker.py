@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from orchestrax import models, parallel, rl
+from orchestrax.envs.routing import RoutingConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train import batching
 from orchestrax.train.config import RolloutConfig, TrainConfig
@@ -32,7 +33,7 @@ def train_config(out: pathlib.Path) -> TrainConfig:
         optim=OptimizerConfig(lr=1e-3, total_steps=100),
         rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=16, max_turns=2,
                               context_tokens=768, enable_thinking=False),
-        env_kwargs=(("num_train", 16), ("num_eval", 2)),
+        env=RoutingConfig(num_train=16, num_eval=2),
         sft_steps=4, sft_batch=8, steps=1, checkpoint_every=2, eval_every=0)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.envs.routing import RoutingConfig
 from orchestrax.eval.core import at_turn_limit, evaluate
 from orchestrax.eval.metrics import preference_adherence, summarize
 from orchestrax.eval.records import EpisodeRecord
@@ -24,7 +25,7 @@ from orchestrax.rollout.base import SamplingParams
 CHEAP = '<tool_call>\n{"name": "lookup_cheap", "arguments": {}}\n</tool_call>'
 FAST = '<tool_call>\n{"name": "lookup_fast", "arguments": {}}\n</tool_call>'
 ANSWER = "<answer>done</answer>"
-OPTS = TaskSetOptions(routing=(("num_eval", 4),))
+OPTS = TaskSetOptions(routing=RoutingConfig(num_eval=4))
 
 
 def routing_policy(tok, rule):

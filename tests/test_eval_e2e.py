@@ -12,6 +12,7 @@ import pytest
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.cli import main as cli
+from orchestrax.envs.routing import RoutingConfig
 from loopback import ScriptedChatServer
 from orchestrax.eval.core import evaluate
 from orchestrax.eval.metrics import summarize
@@ -35,7 +36,7 @@ def test_chat_policy_by_hand():
     async def go():
         async with ScriptedChatServer(respond) as srv:
             policy = ChatPolicy(ChatEndpoint(base_url=srv.base_url, model="m"))
-            ts = load_task_set("routing", TaskSetOptions(routing=(("num_eval", 2),)))
+            ts = load_task_set("routing", TaskSetOptions(routing=RoutingConfig(num_eval=2)))
             cfg = EvalConfig(episode=EpisodeConfig(enable_thinking=False), seconds_per_token=1.0,
                              policy_pricing=Pricing(kind="per_token", usd_per_m_output=1e6))
             try:
@@ -192,7 +193,7 @@ def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
                     force=True)
     ckpt.close()
     run_info.write(run, TrainConfig(
-        name="t", out_dir=str(run), model=cfg, env_kwargs=(("num_eval", 2),),
+        name="t", out_dir=str(run), model=cfg, env=RoutingConfig(num_eval=2),
         rollout=RolloutConfig(max_new_tokens=12, max_turns=1, context_tokens=1024,
                               enable_thinking=False)))
     assert cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
@@ -254,6 +255,7 @@ def test_cli_prices_llm_tool_tokens_by_the_config_sheet(tmp_path, chat_servers):
     cfg = tmp_path / "cfg.py"
     cfg.write_text(f'''
 from orchestrax import models
+from orchestrax.envs.qa import QAConfig
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import LLMToolConfig
@@ -262,8 +264,7 @@ from orchestrax.train.config import TrainConfig
 def config():
     expert = LLMToolConfig(name="expert", role="generalist",
                            chat=ChatEndpoint(base_url="{expert.base_url}", model="gpt-5-mini"))
-    return TrainConfig(name="t", model=models.tiny_config(), env="qa",
-                       env_kwargs=(("path", "{qa}"),),
+    return TrainConfig(name="t", model=models.tiny_config(), env=QAConfig(path="{qa}"),
                        tools=CatalogConfig(python=None, web=None, llms=(expert,)))
 ''')
     tokens_in = (len(ROLES["generalist"].system) + len("Capital of France?")) // 4

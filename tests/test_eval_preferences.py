@@ -8,6 +8,7 @@ from agent_fixtures import SleepTool
 
 from orchestrax.data import preferences
 from orchestrax.data.instances import InstanceConfig, prepare_instance
+from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.qa import QAEnv
 from orchestrax.tools.randomize import RandomizeConfig
 from orchestrax.tools.sheets import bundled_sheets, load_sheet
@@ -169,7 +170,7 @@ def test_trainer_gives_every_instance_its_tools_sheet_and_p(tmp_path, monkeypatc
         grpo=GRPOConfig(num_minibatches=1), optim=OptimizerConfig(lr=1e-3, total_steps=10),
         rollout=RolloutConfig(group_size=2, tasks_per_step=4, max_new_tokens=8, max_turns=1,
                               context_tokens=1024, enable_thinking=False),
-        env="qa", env_kwargs=(("path", str(qa)), ("test_fraction", 0.25)),
+        env=QAConfig(path=str(qa), test_fraction=0.25),
         tools=CatalogConfig(python=None, web=None, llms=llms),
         instances=InstanceConfig(randomize=RandomizeConfig(min_tools=1)),
         steps=2, checkpoint_every=0, eval_every=0)

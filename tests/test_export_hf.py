@@ -16,7 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from orchestrax import models
-from orchestrax.train.setup import load_tokenizer, write_model_card
+from orchestrax import registry
+from orchestrax.train.setup import write_model_card
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "export_hf.py"
@@ -47,7 +48,7 @@ def _params_that_end_at(cfg, params, token: int):
 def make_run(run: pathlib.Path, *, seed: int = 0, ends_at_im_end: bool = False):
     cfg = models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
                              num_heads=2, num_kv_heads=1, head_dim=16, tie_embeddings=False)
-    tok = load_tokenizer("tiny")
+    tok = registry.build_tokenizer("tiny")
     params = models.init_params(cfg, seed)
     if ends_at_im_end:
         params = _params_that_end_at(cfg, params, tok.convert_tokens_to_ids("<|im_end|>"))

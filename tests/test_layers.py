@@ -1,5 +1,6 @@
 """The layers of DESIGN.md, checked on the source: no import cycle between modules, no import from
-a lower package to a higher one, and no module that nothing reaches.
+a lower package to a higher one, no module that nothing reaches, and no environment or sampler
+backend constructed anywhere but in the registry.
 
 Imports are read from the AST of every file, function bodies and `if TYPE_CHECKING:` blocks
 included (a lazy or type-only import still ties two layers together), relative imports resolved."""
@@ -24,10 +25,13 @@ ALLOWED = {
     "rollout": {"models", "parallel"},          # not reward math
     "agent": {"data", "rollout", "tools"},      # not how a sampler is implemented: see NARROW
     "envs": {"agent", "data", "tools"},         # not the trainer
-    "train": {"agent", "data", "envs", "models", "parallel", "rl", "rollout", "tools"},
-    "eval": {"agent", "data", "envs", "models", "parallel", "rl", "rollout", "tools", "train"},
+    # builds envs, samplers, tokenizers and tool catalogs for everything above it
+    "registry": {"agent", "data", "envs", "models", "parallel", "rollout", "tools"},
+    "train": {"agent", "data", "envs", "models", "parallel", "registry", "rl", "rollout", "tools"},
+    "eval": {"agent", "data", "envs", "models", "parallel", "registry", "rl", "rollout", "tools",
+             "train"},
     "synth": {"envs", "tools"},                  # not the trainer
-    "cli": {"eval", "rollout", "synth", "train"},
+    "cli": {"eval", "registry", "rollout", "synth", "train"},
 }
 # (package, package it imports) -> the only modules it may import there: the agent layer knows
 # the sampler interface, never a sampler implementation (DESIGN.md: agent must not know "how a
@@ -167,3 +171,70 @@ def test_every_module_is_reached():
         parts = m.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__
         todo.extend(p for p in (".".join(parts[:k]) for k in range(2, len(parts))) if p in MODULES)
     assert sorted(set(MODULES) - reached - {"orchestrax"}) == []
+
+
+# Parts only the registry builds: environments (subclasses of envs.base.Environment) and sampler
+# backends (subclasses of rollout.base.Sampler defined in rollout/; the scripted sampler of
+# agent/ is a fixture that replays given text), and the functions that return one.
+REGISTRY = "orchestrax.registry"
+PART_ROOTS = {"Environment": "orchestrax.envs", "Sampler": "orchestrax.rollout"}
+
+
+def _name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        return node.value.rsplit(".", 1)[-1]
+    return None
+
+
+def _parts(trees: dict[str, ast.Module]) -> dict[str, str]:
+    """name -> defining module of every part class and of every function annotated to return
+    one."""
+    bases = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = (module, {_name(b) for b in node.bases})
+    parts = {}
+    for root, package in PART_ROOTS.items():
+        grown = {root}
+        while True:
+            more = {c for c, (_, bs) in bases.items() if bs & grown} - grown
+            if not more:
+                break
+            grown |= more
+        parts |= {c: bases[c][0] for c in grown - {root} if bases[c][0].startswith(package)}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns \
+                    and _name(node.returns) in parts:
+                parts[node.name] = module
+    return parts
+
+
+def _constructions(trees: dict[str, ast.Module]) -> list[tuple[str, str]]:
+    """(module, part) for every call of a part outside the registry and the part's own module."""
+    parts = _parts(trees)
+    return sorted({(module, _name(node.func)) for module, tree in trees.items()
+                   for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and _name(node.func) in parts
+                   and module not in (REGISTRY, parts[_name(node.func)])})
+
+
+def test_only_the_registry_constructs_envs_and_samplers():
+    trees = {m: ast.parse(p.read_text()) for m, p in MODULES.items()}
+    assert {"RoutingEnv", "QAEnv", "Tau2Env", "EmbeddedSampler", "ContinuousSampler",
+            "SGLangClient", "make_embedded_sampler"} <= set(_parts(trees))
+    assert _constructions(trees) == []
+
+
+def test_the_construction_check_finds_a_construction():
+    trees = {"orchestrax.envs.toy": ast.parse("class Toy(Environment): ..."),
+             "orchestrax.rollout.toy": ast.parse(
+                 "class Fast(Sampler): ...\ndef make() -> 'Fast': return Fast()"),
+             "orchestrax.train.x": ast.parse("env = Toy()\nsampler = make()"),
+             REGISTRY: ast.parse("env = Toy()")}
+    assert _constructions(trees) == [("orchestrax.train.x", "Toy"), ("orchestrax.train.x", "make")]

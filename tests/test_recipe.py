@@ -8,6 +8,9 @@ import grain
 import numpy as np
 import pytest
 
+from orchestrax.envs.mixture import MixConfig, MixSource
+from orchestrax.envs.qa import QAConfig
+from orchestrax.envs.tau2 import Tau2Config
 from orchestrax.train import setup
 from orchestrax.train.config import TrainConfig
 from orchestrax.train.main import load_config
@@ -31,7 +34,7 @@ def test_every_scale_loads_from_any_directory_and_shares_the_recipe(tmp_path, mo
     assert (full.grpo.clip_low, full.grpo.clip_high, full.grpo.dual_clip) == (0.2, 0.28, 10.0)
     assert full.grpo.kl_coef == 1e-4 and full.grpo.min_group_std == 0.1
     assert (full.rollout.context_tokens, full.rollout.max_turns) == (24_000, 50)
-    assert full.sft_steps > 0 and full.steps > 0 and full.env == "mix"
+    assert full.sft_steps > 0 and full.steps > 0 and isinstance(full.env, MixConfig)
     assert full.instances.randomize is not None and full.instances.preferences
     llms = {c.name: c.role for c in full.tools.llms}
     assert {"math", "coder", "generalist"} == set(llms.values())
@@ -42,7 +45,7 @@ def test_every_scale_loads_from_any_directory_and_shares_the_recipe(tmp_path, mo
         assert [c_.name for c_ in c.tools.llms] == list(llms), name
         assert (c.grpo.clip_low, c.grpo.clip_high, c.grpo.dual_clip, c.grpo.kl_coef,
                 c.grpo.min_group_std, c.optim.lr) == (0.2, 0.28, 10.0, 1e-4, 0.1, 1e-6), name
-        assert c.instances == full.instances and c.env == "mix", name
+        assert c.instances == full.instances and isinstance(c.env, MixConfig), name
         assert c.tools.sheet == full.tools.sheet and c.sft_steps > 0, name
     assert cfgs["config_tpu"].out_dir.startswith("gs://")
     assert _load("qwen3_tpu.py").out_dir.startswith("gs://")
@@ -56,10 +59,9 @@ def test_every_scale_loads_from_any_directory_and_shares_the_recipe(tmp_path, mo
 
 def _mix_config(shared_data) -> TrainConfig:
     ns = __import__("runpy").run_path(str(CONFIGS / "toolorchestra.py"))
-    sources = ns["mixture"](None, tau2_domains=("retail",),
-                            qa_sets=("bamboogle_125", "musique_500"), tool_share=0.5)
-    return dataclasses.replace(ns["config_rehearsal"](), tools=None,
-                               env_kwargs=(("sources", sources),))
+    mix = ns["mixture"](None, tau2_domains=("retail",),
+                        qa_sets=("bamboogle_125", "musique_500"), tool_share=0.5)
+    return dataclasses.replace(ns["config_rehearsal"](), tools=None, env=mix)
 
 
 def test_mixture_shares_show_in_the_metrics_within_ten_percent(shared_data):
@@ -86,10 +88,14 @@ def test_mixture_shares_show_in_the_metrics_within_ten_percent(shared_data):
 
 
 def test_bad_mixture_is_named():
-    base = _load("toolorchestra.py:config_rehearsal")
-    for sources, match in (((), "needs"), ((("a", 0.0, "qa", ()),), "weight=0.0"),
-                           ((("a", 1.0, "mix", ()),), "env='mix'; allowed"),
-                           ((("a", 1.0, "tau2", ()),), "needs \\('domain'"),
-                           ((("a", 1.0, "qa", ()), ("a", 1.0, "qa", ())), "repeat")):
+    qa = QAConfig(path="x.jsonl")
+    inner = MixConfig(sources=(MixSource(name="a", weight=1.0, env=qa),))
+    for sources, match in (((), "non-empty tuple of MixSource"),
+                           ((MixSource(name="a", weight=0.0, env=qa),), "'a' has weight=0.0"),
+                           ((MixSource(name="a", weight=1.0, env=inner),),
+                            "allowed: any env config but MixConfig"),
+                           ((MixSource(name="a", weight=1.0, env=qa),) * 2, "repeat")):
         with pytest.raises(ValueError, match=match):
-            base.replace(env_kwargs=(("sources", sources),))
+            MixConfig(sources=sources)
+    with pytest.raises(TypeError, match="'domain'"):
+        Tau2Config()

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from orchestrax import cli, models
+from orchestrax import cli, models, registry
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import engine as engine_mod
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
@@ -158,9 +158,8 @@ def test_weight_updates_swap_params_and_version(tmp_path):
                                    "weight_version": "v1"}) as r:
             assert (await r.json())["success"] is True
         after_disk = await post(http, url, req)
-        # The trainer's in-process push (setup.publish) onto the same sampler.
-        train_cfg = TrainConfig(name="t", model=CFG, steps=0)
-        await setup.publish(sampler, train_cfg, CFG, params(0), "v2", tmp_path)
+        # The trainer's in-process push (Sampler.publish) onto the same sampler.
+        await sampler.publish(params(0), "v2")
         after_push = await post(http, url, req)
         info = await (await http.get(f"{url}/server_info")).json()
         return before, after_disk, after_push, info
@@ -226,9 +225,10 @@ def test_engine_and_remat_options_are_validated_and_applied(tmp_path):
                                             sampler_max_batch=2))
     model_cfg, p = setup.load_params(run, None)
     assert model_cfg.remat == "full" and model_cfg.vocab_size == CFG.vocab_size
-    sampler = setup.make_sampler(run, model_cfg, p)
+    sampler = registry.build_sampler(setup.sampler_config(run), model_cfg, p)
     assert isinstance(sampler, ContinuousSampler) and sampler.max_batch == 2
-    static = setup.make_sampler(run.replace(rollout=RolloutConfig()), model_cfg, p)
+    static = registry.build_sampler(setup.sampler_config(run.replace(rollout=RolloutConfig())),
+                                    model_cfg, p)
     assert type(static) is EmbeddedSampler
 
 

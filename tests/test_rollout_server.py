@@ -15,7 +15,7 @@ from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler
 from orchestrax.rollout.server import ServerState
 from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
-from orchestrax.rollout.weight_sync import sync_weights
+from orchestrax.rollout.weight_sync import WeightSync
 
 TOK = tiny_qwen3_tokenizer()
 CFG = models.tiny_config(vocab_size=len(TOK), tie_embeddings=False)
@@ -159,9 +159,10 @@ def test_weight_sync_through_client_changes_version_and_tokens(tmp_path):
     async def fn(http, url, sampler):
         req = GenerateRequest(input_ids=tuple(PROMPT),
                               sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
-        async with SGLangClient(SGLangClientConfig(urls=(url,))) as client:
+        sync = WeightSync(model=CFG, root=str(tmp_path))
+        async with SGLangClient(SGLangClientConfig(urls=(url,)), weight_sync=sync) as client:
             before = (await client.generate([req]))[0]
-            path = await sync_weights(client, CFG, params(1), tmp_path, "step-1")
+            path = await client.publish(params(1), "step-1")
             after = (await client.generate([req]))[0]
             info = await (await http.get(f"{url}/model_info")).json()
         async with http.post(f"{url}/update_weights_from_disk",

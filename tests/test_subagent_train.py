@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrax import models
+from orchestrax.envs.qa import QAConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.config import RolloutConfig, TrainConfig
 from orchestrax.train.agent_config import AgentConfig
@@ -32,8 +33,8 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
                                   {"title": "Spree", "text": "The Spree flows through Berlin."}]))
     sandbox = "bwrap" if shutil.which("bwrap") else None
     cfg = TrainConfig(
-        name="subagent-test", out_dir=str(tmp_path / "run"), env="qa",
-        env_kwargs=(("path", str(data)), ("test_fraction", 0.6)),
+        name="subagent-test", out_dir=str(tmp_path / "run"),
+        env=QAConfig(path=str(data), test_fraction=0.6),
         model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
                                  num_heads=2, num_kv_heads=1, head_dim=16),
         grpo=GRPOConfig(num_minibatches=2), optim=OptimizerConfig(lr=1e-3, total_steps=10),

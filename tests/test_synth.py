@@ -282,14 +282,15 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(sh
 
     # The output trains one GRPO step (tiny policy) and evaluates.
     from orchestrax import models
+    from orchestrax.envs.toolscale import ToolScaleConfig
     from orchestrax.rl import GRPOConfig, OptimizerConfig
     from orchestrax.train.config import RolloutConfig, TrainConfig
     from orchestrax.train.loop import train
 
     run = tmp_path / "run"
     cfg = TrainConfig(
-        name="synth", out_dir=str(run), env="toolscale",
-        env_kwargs=(("domain", str(shop)), ("tasks", str(out / "tasks.json"))),
+        name="synth", out_dir=str(run),
+        env=ToolScaleConfig(domain=str(shop), tasks=str(out / "tasks.json")),
         model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
                                  num_heads=2, num_kv_heads=1, head_dim=16),
         grpo=GRPOConfig(num_minibatches=1), optim=OptimizerConfig(lr=1e-3, total_steps=10),

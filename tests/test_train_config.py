@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 from orchestrax import models
+from orchestrax.envs.routing import RoutingConfig
+from orchestrax.envs.tau2 import Tau2Config
 from orchestrax.envs.tau2.domain import load_domain
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train import validate
@@ -103,12 +105,12 @@ def tiny(tmp_path, **changes) -> TrainConfig:
                                  num_heads=2, num_kv_heads=1, head_dim=16),
         grpo=GRPOConfig(), optim=OptimizerConfig(lr=1e-3, total_steps=100),
         rollout=RolloutConfig(group_size=2, tasks_per_step=2, context_tokens=768),
-        env_kwargs=(("num_train", 16), ("num_eval", 4)), sft_steps=4, steps=2, **changes)
+        env=RoutingConfig(num_train=16, num_eval=4), sft_steps=4, steps=2, **changes)
 
 
 def test_env_and_paths_checked_before_any_compute(tmp_path):
     too_many = tiny(tmp_path).replace(rollout=RolloutConfig(group_size=2, tasks_per_step=1000))
-    with pytest.raises(ValueError, match=r"rollout.tasks_per_step=1000; the 'routing' env has "
+    with pytest.raises(ValueError, match=r"rollout.tasks_per_step=1000; the RoutingConfig env has "
                                          r"16 train tasks.*allowed 1..16"):
         Trainer(too_many)
     with pytest.raises(FileNotFoundError, match="TrainConfig.tokenizer='/nonexistent/tok': not a "
@@ -127,8 +129,10 @@ def test_env_and_paths_checked_before_any_compute(tmp_path):
 
 
 def test_tau2_config_and_db_errors_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="env='tau2' needs \\('domain'"):
-        TrainConfig(name="x", model=models.tiny_config(), env="tau2")
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'domain'"):
+        Tau2Config()
+    with pytest.raises(ValueError, match="Tau2Config.domain=''; give the path"):
+        Tau2Config(domain=" ")
     if not RETAIL.is_dir():
         pytest.skip("tau2 data not mounted")
     dom = tmp_path / "retail"

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from orchestrax import models
+from orchestrax.envs.routing import RoutingConfig
+from orchestrax.eval.main import routing_from_json
 from orchestrax.train import console, run_info
 from orchestrax.train.config import RolloutConfig, TrainConfig
 
@@ -53,16 +55,19 @@ def test_a_second_trainer_on_the_same_out_dir_is_refused_with_the_first_ones_pid
 
 
 def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
-    cfg = TrainConfig(name="t", out_dir=str(tmp_path), model=models.tiny_config(), env_kwargs=(("num_eval", 4),),
+    cfg = TrainConfig(name="t", out_dir=str(tmp_path), model=models.tiny_config(),
+                      env=RoutingConfig(num_eval=4, preferences=("latency",)),
                       rollout=RolloutConfig(max_new_tokens=24, max_turns=2, context_tokens=768,
                                             enable_thinking=False))
     path = run_info.write(tmp_path, cfg)
     assert json.loads(path.read_text())["rollout"]["group_size"] == 8
     settings, found = run_info.policy_settings(tmp_path)
     assert found == path
+    env = settings.pop("env")
     assert settings == {"enable_thinking": False, "max_new_tokens": 24, "max_turns": 2,
-                        "context_tokens": 768, "temperature": 0.0, "env": "routing", "env_kwargs": [("num_eval", 4)],
+                        "context_tokens": 768, "temperature": 0.0, "env_kind": "RoutingConfig",
                         "name": "t"}
+    assert routing_from_json(env) == cfg.env  # what eval measures the `routing` task set on
     (tmp_path / "model").mkdir()
     assert run_info.policy_settings(tmp_path / "model")[1] == path
     assert run_info.policy_settings(tmp_path / "model" / "x") is None

@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from orchestrax import models
+from orchestrax.envs.routing import RoutingConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.config import RolloutConfig, TrainConfig
@@ -30,7 +31,7 @@ def tiny_run(out_dir, steps, sft_steps=4) -> TrainConfig:
         optim=OptimizerConfig(lr=1e-3, total_steps=100),
         rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=24, max_turns=2,
                               context_tokens=768, enable_thinking=False),
-        env_kwargs=(("num_train", 16), ("num_eval", 4)),
+        env=RoutingConfig(num_train=16, num_eval=4),
         sft_steps=sft_steps, sft_batch=8, steps=steps, checkpoint_every=1, eval_every=0)
 
 
@@ -103,15 +104,15 @@ def _abstract_state(cfg):
 
 def test_configs_build_and_overrides_name_the_field():
     demo = load_config(str(ROOT / "configs" / "demo.py"))
-    assert demo.env == "routing" and demo.model is not None
+    assert isinstance(demo.env, RoutingConfig) and demo.model is not None
     demo_ns = runpy.run_path(str(ROOT / "configs" / "demo.py"))
     warm, latency = demo_ns["config_warmstart"](), demo_ns["config"]("latency")
     assert demo.init_from == latency.init_from == warm.out_dir and warm.steps == 0
-    assert dict(latency.env_kwargs)["preferences"] == ("latency",)
+    assert latency.env.preferences == ("latency",) and latency.env.num_eval == 16
     single, single_warm = demo_ns["config_single"](), demo_ns["config_single_warmstart"]()
     assert single.init_from == single_warm.out_dir != warm.out_dir and single.sft_steps == 0
-    assert single.env_kwargs == single_warm.env_kwargs  # the warm start saw the same phrasings
-    assert dict(single.env_kwargs)["preferences"] == ("pool:cost", "pool:latency")
+    assert single.env == single_warm.env  # the warm start saw the same phrasings
+    assert single.env.preferences == ("pool:cost", "pool:latency")
     cfg = apply_overrides(demo, ["rollout.group_size=4", "optim.lr=1e-5", "steps=3",
                                  "rollout.server_urls=['http://h:1']"])
     assert (cfg.rollout.group_size, cfg.optim.lr, cfg.steps) == (4, 1e-5, 3)
@@ -132,7 +133,9 @@ def test_configs_build_and_overrides_name_the_field():
 def test_bad_train_config_is_named():
     with pytest.raises(ValueError, match="exactly one of model"):
         TrainConfig(name="x")
-    with pytest.raises(ValueError, match="env='web'.*allowed"):
+    with pytest.raises(ValueError, match="env='web'; allowed: a config of \\['MixConfig', "
+                                         "'QAConfig', 'RoutingConfig', 'Tau2Config', "
+                                         "'ToolScaleConfig'\\]"):
         TrainConfig(name="x", model=models.tiny_config(), env="web")
     with pytest.raises(ValueError, match="server_urls is empty"):
         RolloutConfig(backend="sglang")

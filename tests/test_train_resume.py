@@ -22,6 +22,7 @@ RL_STEPS = 3
 
 def config(out_dir, *, sft_steps=0, steps=RL_STEPS, init_from=None):
     from orchestrax import models
+    from orchestrax.envs.routing import RoutingConfig
     from orchestrax.rl import GRPOConfig, OptimizerConfig
     from orchestrax.train.config import RolloutConfig, TrainConfig
     return TrainConfig(
@@ -40,7 +41,7 @@ def config(out_dir, *, sft_steps=0, steps=RL_STEPS, init_from=None):
         # 6 tasks, 4 a step: epochs turn over. P weighs latency: its feature is the episode's
         # deterministic clock (tokens x seconds per token + tools' latency), so the resumed run
         # must reproduce every reward.
-        env_kwargs=(("num_train", 6), ("num_eval", 2), ("preferences", ("latency",))),
+        env=RoutingConfig(num_train=6, num_eval=2, preferences=("latency",)),
         sft_steps=sft_steps, sft_batch=16, steps=steps, checkpoint_every=1, eval_every=0)
 
 

@@ -10,7 +10,7 @@ tools from the task see the same instance.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from orchestrax.data import preferences
 from orchestrax.data.records import Task
@@ -22,6 +22,8 @@ from orchestrax.tools.sheets import load_sheet
 
 class _Env(Protocol):
     """What an instance needs of an environment (envs sit above data: no import from there)."""
+
+    catalog: Mapping[str, Tool]
 
     def tools(self, task: Task) -> list[Tool]: ...
 
@@ -59,7 +61,7 @@ def prepare_instance(task: Task, env: _Env, *, split: preferences.Pool, seed: in
     """`task` with its instance's tool config and preference. The randomised tools are the
     env's `catalog` (QA, tau2); a task that already has a preference (the routing demo's own)
     keeps it."""
-    catalog_names = sorted(getattr(env, "catalog", None) or {})
+    catalog_names = sorted(env.catalog)
     sample = _tool_sample(catalog_names, split, seed, config)
     if sample is not None:
         task = with_tool_config(task, sample)

@@ -10,7 +10,9 @@ metrics; an environment overrides the ones it has.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Sequence
+import dataclasses
+import types
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -21,7 +23,21 @@ if TYPE_CHECKING:  # only a type: environments sit above the agent layer, never 
     from orchestrax.agent.episode import UserResponder
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    """The typed config of one environment kind, defined next to its environment and checking
+    its own fields; `orchestrax.registry` builds the environment from it."""
+
+    # Whether the orchestrator's tool catalog (TrainConfig.tools) is offered next to the
+    # environment's own tools; an environment that brings all of its tools says False.
+    takes_catalog: ClassVar[bool] = True
+
+
 class Environment(abc.ABC):
+    # The orchestrator's tools this environment offers next to its own, by name (what
+    # per-instance tool subsets are drawn from); empty for one that brings all of its tools.
+    catalog: Mapping[str, Tool] = types.MappingProxyType({})
+
     @abc.abstractmethod
     def tasks(self, split: str = "train") -> Sequence[Task]:
         """The tasks of `split` ("train" or "eval"), in a fixed order."""
@@ -57,3 +73,11 @@ class Environment(abc.ABC):
               ) -> dict[str, float]:
         """Extra metrics for a step's groups (one group of trajectories per task)."""
         return {}
+
+    def task_stream(self, num_tasks: int, tasks_per_step: int, *, seed: int,
+                    process_index: int = 0, process_count: int = 1):
+        """The RL steps' indices into `tasks("train")` for this process (a grain MapDataset):
+        uniform, no task twice in a step."""
+        from orchestrax.data import tasks
+        return tasks.task_stream(num_tasks, tasks_per_step, seed=seed,
+                                 process_index=process_index, process_count=process_count)

@@ -14,11 +14,40 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment
+from orchestrax.envs.base import EnvConfig, Environment
 from orchestrax.tools.base import Tool
 
 if TYPE_CHECKING:
     from orchestrax.agent.episode import UserResponder
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MixSource:
+    name: str                  # its tasks' metadata["source"] and its metrics' prefix
+    weight: float              # its share of a step's tasks is weight / sum of weights
+    env: EnvConfig             # any registered env config but a mixture
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MixConfig(EnvConfig):
+    sources: tuple[MixSource, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.sources, tuple) or not self.sources \
+                or not all(isinstance(s, MixSource) for s in self.sources):
+            raise ValueError(f"MixConfig.sources={self.sources!r}; give a non-empty tuple of "
+                             "MixSource(name=..., weight=..., env=...)")
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"MixConfig.sources: names {names} repeat")
+        for s in self.sources:
+            if isinstance(s.weight, bool) or not isinstance(s.weight, (int, float)) \
+                    or not s.weight > 0:
+                raise ValueError(f"MixConfig.sources: {s.name!r} has weight={s.weight!r}; "
+                                 "must be > 0")
+            if isinstance(s.env, MixConfig) or not isinstance(s.env, EnvConfig):
+                raise ValueError(f"MixConfig.sources: {s.name!r} has env={s.env!r}; allowed: "
+                                 "any env config but MixConfig")
 
 
 class MixtureEnv(Environment):
@@ -44,6 +73,13 @@ class MixtureEnv(Environment):
 
     def sizes(self, split: str = "train") -> tuple[int, ...]:
         return tuple(len(self._envs[name].tasks(split)) for name in self.names)
+
+    def task_stream(self, num_tasks: int, tasks_per_step: int, *, seed: int,
+                    process_index: int = 0, process_count: int = 1):
+        """Each source's `weights` share of every step (data.tasks.mixture_stream)."""
+        from orchestrax.data import tasks
+        return tasks.mixture_stream(self.sizes(), self.weights, tasks_per_step, seed=seed,
+                                    process_index=process_index, process_count=process_count)
 
     def tools(self, task: Task) -> list[Tool]:
         return self._env(task).tools(task)

@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping
 
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
-from orchestrax.envs.base import Environment
+from orchestrax.envs.base import EnvConfig, Environment
 from orchestrax.envs.qa_grading import exact_match, judge_match, math_match
 from orchestrax.tools.base import Tool
 from orchestrax.tools.randomize import instance_tools
@@ -82,8 +82,8 @@ def default_grader(path: str | pathlib.Path) -> Grader:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QAConfig:
-    path: str
+class QAConfig(EnvConfig):
+    path: str                             # a JSONL file of questions (module doc: its shapes)
     grader: Grader | None = None          # None: default_grader(path)
     judge: ChatEndpoint | None = None     # required when grader == "judge"
     test_fraction: float = 0.2            # of ids (stable hash) that form the "test" split

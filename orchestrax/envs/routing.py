@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from orchestrax.data import preferences as pairs
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment
+from orchestrax.envs.base import EnvConfig, Environment
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.randomize import instance_seed
 
@@ -54,7 +54,8 @@ DEFAULT_TOOLS = (LookupTool(name="lookup_cheap", usd_per_call=0.001, latency_s=4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RoutingConfig:
+class RoutingConfig(EnvConfig):
+    takes_catalog: ClassVar[bool] = False   # its lookup tools are the whole tool set
     seed: int = 0
     num_train: int = 256
     num_eval: int = 32

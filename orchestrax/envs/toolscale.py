@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import pathlib
 from typing import Any, Mapping, Sequence
 
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.tau2.env import Tau2Env
+from orchestrax.envs.tau2.env import Tau2Config, Tau2Env
 from orchestrax.envs.tau2.verify import (Verdict, gold_actions, missing_info, trajectory_calls,
                                          trajectory_texts)
 from orchestrax.tools.base import Tool, ToolSpec
@@ -104,6 +105,14 @@ class WorkerDomain:
     async def close(self) -> None:
         if self._replayer is not None:
             await self._replayer.close()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToolScaleConfig(Tau2Config):
+    """A tau2-format domain folder whose tool code runs in domain workers (`ToolScaleEnv`)."""
+
+    tasks: str | None = None             # a tau2 tasks file (None: the folder's own tasks)
+    worker: WorkerConfig = WorkerConfig()
 
 
 class ToolScaleEnv(Tau2Env):

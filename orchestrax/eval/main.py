@@ -17,7 +17,9 @@ import pathlib
 import sys
 from typing import Any
 
+from orchestrax import registry
 from orchestrax.agent.episode import EpisodeConfig
+from orchestrax.envs.routing import LookupTool, RoutingConfig
 from orchestrax.eval import grid, report
 from orchestrax.eval.policy import PARAM_DTYPES, load_policy
 from orchestrax.eval.runners import EvalConfig
@@ -38,17 +40,17 @@ def _endpoint(url: str | None, model: str | None, key_env: str | None, flag: str
 
 def _catalog(config: str | None, sheet: str | None):
     """The tool set and pricing of a TrainConfig (its `tools` field), optionally repriced by
-    `sheet` (e.g. the held-out eval sheet). None without --config."""
+    `sheet` (e.g. the held-out eval sheet), and its env config if that is a routing one; None,
+    None without --config."""
     if config is None:
-        return None, ()
-    from orchestrax.tools.catalog import build_catalog
+        return None, None
     from orchestrax.train.main import load_config
     cfg = load_config(config)
-    routing = cfg.env_kwargs if cfg.env == "routing" else ()
-    if getattr(cfg, "tools", None) is None:
+    routing = cfg.env if isinstance(cfg.env, RoutingConfig) else None
+    if cfg.tools is None:
         return None, routing
     catalog_cfg = cfg.tools if sheet is None else dataclasses.replace(cfg.tools, sheet=sheet)
-    return build_catalog(catalog_cfg), routing
+    return registry.build_catalog(catalog_cfg), routing
 
 
 # What eval assumes when neither a flag nor the policy's run says otherwise.
@@ -57,6 +59,12 @@ DEFAULTS = {"enable_thinking": True, "max_new_tokens": 4096, "max_turns": 50,
 _FLAG = {"enable_thinking": "--thinking-on/--no-thinking", "max_new_tokens": "--max-new-tokens",
          "max_turns": "--max-turns", "context_tokens": "--context-tokens",
          "temperature": "--temperature"}
+
+
+def routing_from_json(fields: dict[str, Any]) -> RoutingConfig:
+    """The RoutingConfig a run's train_config.json holds (lists back to tuples)."""
+    return RoutingConfig(**{k: tuple(LookupTool(**t) for t in v) if k == "tools" else
+                            tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -77,8 +85,8 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str
               "eval defaults (the policy carries no train_config.json), flags override")
     notes.insert(0, "eval settings: " + " ".join(f"{k}={v}" for k, v in used.items())
                  + f" ({origin})")
-    used["routing"] = tuple(trained.get("env_kwargs", ())) if trained.get("env") == "routing" \
-        else ()
+    used["routing"] = (routing_from_json(trained["env"])
+                       if trained.get("env_kind") == "RoutingConfig" else None)
     return used, notes
 
 
@@ -100,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     for line in notes:
         print(line, flush=True)
     catalog, routing = _catalog(args.config, args.sheet)
-    routing = routing or settings["routing"]
+    routing = routing or settings["routing"] or RoutingConfig()
     options = TaskSetOptions(
         split=args.split, limit=args.limit, grader=args.grader, tools=catalog, routing=routing,
         preferences=not args.no_preferences, seed=args.seed,

@@ -21,13 +21,14 @@ from typing import Any, Protocol, Sequence
 
 import aiohttp
 
+from orchestrax import registry
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, UserResponder, prompt_messages, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser
 from orchestrax.data.records import Task, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
+from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplerConfig
 from orchestrax.tools.base import Tool
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
 from orchestrax.tools.chat_client import chat as chat_completion
@@ -159,11 +160,10 @@ class ChatPolicy:
 
 
 def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
-    from orchestrax.train.setup import load_tokenizer
     if spec is None and fallback is None:
         raise ValueError("--tokenizer is required for an sglang: policy ('tiny' or a HF "
                          "tokenizer directory): token-in/token-out needs the server's tokenizer")
-    return load_tokenizer(spec or str(fallback))
+    return registry.build_tokenizer(spec or str(fallback))
 
 
 def _run_params(checkpoints: pathlib.Path, param_dtype: str) -> tuple[Any, int]:
@@ -215,7 +215,6 @@ def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
               max_batch: int, seed: int):
     """(sampler, default tokenizer dir) for an HF directory or a training run directory."""
     from orchestrax import models
-    from orchestrax.rollout.embedded import EmbeddedSampler
     if (path / "checkpoints").is_dir() and (path / "model" / "config.json").is_file():
         cfg = models.config_from_hf(json.loads((path / "model" / "config.json").read_text()),
                                     dtype=dtype, param_dtype=param_dtype)
@@ -227,8 +226,9 @@ def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
     else:
         raise FileNotFoundError(f"policy {str(path)!r}: neither an HF directory (config.json) nor "
                                 "a training run directory (model/config.json + checkpoints/)")
-    sampler = EmbeddedSampler(cfg, params, max_batch=max_batch, max_len=max_len,
-                              weight_version=version, seed=seed)
+    sampler = registry.build_sampler(SamplerConfig(
+        backend="embedded", engine="static", max_batch=max_batch, max_len=max_len,
+        weight_version=version, seed=seed), cfg, params)
     return sampler, tok_dir
 
 
@@ -251,8 +251,7 @@ def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = 
             raise ValueError(f"--policy {spec}: an openai: policy needs --model NAME")
         return ChatPolicy(ChatEndpoint(base_url=rest, model=model, api_key_env=api_key_env))
     if sep and kind == "sglang":
-        from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
-        return TokenPolicy(SGLangClient(SGLangClientConfig(urls=(rest,))),
+        return TokenPolicy(registry.build_sampler(SamplerConfig(backend="sglang", urls=(rest,))),
                            _tokenizer(tokenizer, None), name=rest)
     if spec.startswith(("http://", "https://")):
         raise ValueError(f"--policy {spec}: say which API the server speaks: sglang:{spec} "

@@ -11,9 +11,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any, Mapping
+from typing import Mapping
 
+from orchestrax import registry
 from orchestrax.data.instances import InstanceConfig, prepare_instance
+from orchestrax.envs.base import EnvConfig
+from orchestrax.envs.qa import QAConfig
+from orchestrax.envs.routing import RoutingConfig
+from orchestrax.envs.tau2.env import Tau2Config
+from orchestrax.envs.toolscale import ToolScaleConfig
 from orchestrax.eval.core import TaskSet
 from orchestrax.tools.base import Tool
 from orchestrax.tools.chat_client import ChatEndpoint
@@ -39,8 +45,8 @@ class TaskSetOptions:
     judge: ChatEndpoint | None = None         # LLM-as-judge for QA sets graded by a judge
     grader: str | None = None                 # QA: exact | math | judge (None: by file name)
     tau2_user: ChatEndpoint | None = None     # the simulated tau2 user
-    tools: Mapping[str, Tool] | None = None   # the orchestrator's tool catalog (QA tasks)
-    routing: tuple[tuple[str, Any], ...] = () # RoutingConfig fields
+    tools: Mapping[str, Tool] | None = None   # the orchestrator's catalog (kinds that take one)
+    routing: RoutingConfig = RoutingConfig()  # the `routing` task set's environment
     # Tasks without a preference get one from the evaluation pool (Pairs_eval), seeded by
     # (seed, task id) so every policy measured with the same seed gets the same P per task.
     preferences: bool = True
@@ -51,34 +57,40 @@ class TaskSetOptions:
             raise ValueError(f"TaskSetOptions.limit={self.limit}; must be >= 1 or None")
 
 
-def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet:
+def env_config(name: str, opts: TaskSetOptions = TaskSetOptions()
+               ) -> tuple[EnvConfig, str, str]:
+    """(environment config, default split, label) of the task set `name`."""
     if name == "routing":
-        from orchestrax.envs.routing import RoutingConfig, RoutingEnv
-        env, split, label = RoutingEnv(RoutingConfig(**dict(opts.routing))), "eval", "routing"
-    elif name.startswith("tau2:"):
+        return opts.routing, "eval", "routing"
+    if name.startswith("tau2:"):
         domain = name.split(":", 1)[1]
         if domain not in TAU2_DOMAINS:
             raise ValueError(f"task set {name!r}: tau2 domains are {list(TAU2_DOMAINS)}")
-        from orchestrax.envs import tau2
         # benchmark scoring (completeness=False): the numbers tau2-bench reports
-        env = tau2.Tau2Env(data_dir() / "tau2" / domain, user_endpoint=opts.tau2_user,
-                           completeness=False)
-        split, label = "test", name
-    elif name.startswith("toolscale:"):
-        env, split, label = _toolscale(name, opts), "test", name.split(":")[1]
-    elif name in QA_FILES or name.endswith(".jsonl"):
-        from orchestrax.envs.qa import QAEnv
+        return (Tau2Config(domain=str(data_dir() / "tau2" / domain), user=opts.tau2_user,
+                           completeness=False), "test", name)
+    if name.startswith("toolscale:"):
+        return _toolscale(name, opts), "test", name.split(":")[1]
+    if name in QA_FILES or name.endswith(".jsonl"):
         path = data_dir() / "qa" / QA_FILES[name] if name in QA_FILES else pathlib.Path(name)
         if not path.is_file():
             raise FileNotFoundError(f"task set {name!r}: {path} not found (set $ORCHESTRAX_DATA "
                                     "to the folder holding qa/ and tau2/)")
-        env = QAEnv(path=str(path), grader=opts.grader, judge=opts.judge, tools=opts.tools)
-        split, label = "all", name if name in QA_FILES else path.stem
+        return (QAConfig(path=str(path), grader=opts.grader, judge=opts.judge), "all",
+                name if name in QA_FILES else path.stem)
+    raise ValueError(f"unknown task set {name!r}; allowed: routing, "
+                     f"{', '.join('tau2:' + d for d in TAU2_DOMAINS)}, "
+                     "toolscale:<domain or folder>:<tasks.json>, "
+                     f"{', '.join(QA_FILES)}, or a path to a .jsonl file")
+
+
+def load_task_set(name: str | EnvConfig, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet:
+    """The task set a name above stands for, or the eval split of any registered env config."""
+    if isinstance(name, EnvConfig):
+        config, split, label = name, "eval", type(name).__name__
     else:
-        raise ValueError(f"unknown task set {name!r}; allowed: routing, "
-                         f"{', '.join('tau2:' + d for d in TAU2_DOMAINS)}, "
-                         "toolscale:<domain or folder>:<tasks.json>, "
-                         f"{', '.join(QA_FILES)}, or a path to a .jsonl file")
+        config, split, label = env_config(name, opts)
+    env = registry.build_env(config, tools=opts.tools if config.takes_catalog else None)
     tasks = env.tasks(opts.split or split)
     if opts.limit is not None:
         tasks = tasks[:opts.limit]
@@ -90,7 +102,7 @@ def load_task_set(name: str, opts: TaskSetOptions = TaskSetOptions()) -> TaskSet
     return TaskSet(name=label, env=env, tasks=list(tasks))
 
 
-def _toolscale(name: str, opts: TaskSetOptions):
+def _toolscale(name: str, opts: TaskSetOptions) -> ToolScaleConfig:
     """`toolscale:<domain>:<tasks file>`: a released ToolScale domain by name (under
     data_dir()/toolscale) or any tau2-format domain folder, with a tau2 tasks file."""
     parts = name.split(":", 2)
@@ -101,5 +113,4 @@ def _toolscale(name: str, opts: TaskSetOptions):
         folder = data_dir() / "toolscale" / parts[1]
     if not folder.is_dir():
         raise FileNotFoundError(f"task set {name!r}: no domain folder {parts[1]} (nor {folder})")
-    from orchestrax.envs.toolscale import ToolScaleEnv
-    return ToolScaleEnv(folder, tasks=parts[2], user_endpoint=opts.tau2_user, tools=opts.tools)
+    return ToolScaleConfig(domain=str(folder), tasks=parts[2], user=opts.tau2_user)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 FinishReason = Literal["stop", "length", "abort"]
 TopLogprobs = tuple[tuple[int, float], ...]   # (token id, logprob), most likely first
@@ -72,8 +72,46 @@ class GenerateResult:
 class Sampler(Protocol):
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]: ...
 
+    async def publish(self, params: Any, version: str) -> None:
+        """Serve `params` from the next request on, and report `version` as every later result's
+        `weight_version` (the trainer's push after each update). The default refuses: a sampler
+        whose output does not come from trainable weights cannot serve new ones."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve trainable weights")
+
+    def drop_params(self) -> None:
+        """Free the weights this sampler holds until the next `publish` (the trainer's step
+        needs the memory; nothing is generated in between). The default holds none."""
+
+    def take_counters(self) -> dict[str, int]:
+        """Requests, retries and failures since the previous call, for per-step metrics; the
+        default counts nothing."""
+        return {}
+
     async def aclose(self) -> None:
         """Release what the sampler holds (HTTP sessions, health-check tasks); its owner awaits
         this once, when done with it. The default does nothing, for samplers that hold nothing;
         a class inherits it by naming `Sampler` as a base (a Protocol's defaults are not
         inherited structurally)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """What `registry.build_sampler` needs to build any registered backend; each backend reads
+    the fields it uses."""
+
+    backend: str = "embedded"          # a key of registry.SAMPLERS
+    urls: tuple[str, ...] = ()         # HTTP backends: the servers (or one router)
+    engine: str = "static"             # embedded: the batcher (rollout.embedded.ENGINES)
+    max_batch: int = 64                # embedded: rows decoded together
+    max_len: int = 4096                # embedded: prompt + output tokens of one request
+    seed: int = 0
+    weight_version: str = "0"          # what results report until the first `publish`
+    # HTTP backends that `publish`: a safetensors directory per version is written here
+    weight_sync_dir: str | None = None
+    tokenizer_dir: str | None = None   # copied next to each published version
+
+    def __post_init__(self):
+        for name in ("max_batch", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SamplerConfig.{name}={value!r}; must be an int >= 1")

@@ -26,8 +26,8 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import jax
 import numpy as np
 
-from orchestrax import models
-from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
+from orchestrax import models, parallel
+from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
                                      TopLogprobs)
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
 from orchestrax.rollout.engine import ContinuousEngine, bucket
@@ -59,7 +59,7 @@ class _Pending:
     top: list[TopLogprobs] = dataclasses.field(default_factory=list)
 
 
-class EmbeddedSampler:
+class EmbeddedSampler(Sampler):
     """Sampler protocol over `models.forward_with_cache` on whatever mesh the params live on."""
 
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
@@ -100,6 +100,9 @@ class EmbeddedSampler:
         memory; nothing may be generated in between)."""
         self._params = None
         self._getter = lambda: self._params
+
+    async def publish(self, params: Any, version: str) -> None:
+        self.set_params(sampler_copy(self.cfg, params), weight_version=version)
 
     def admit_error(self, r: GenerateRequest) -> str | None:
         """Why this sampler cannot run `r` (naming the field), or None. `generate` raises it as a
@@ -443,6 +446,21 @@ class ContinuousSampler(EmbeddedSampler):
             del self._live[key]
             self.stats["requests"] += 1
             self._finish(p, result.finish_reason, result.weight_version, delta)
+
+
+def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:
+    """The sampler's own copy of a trainer's `params`, in the forward's dtypes
+    (`models.compute_copy`: the same tokens and logprobs as the fp32 masters, half their memory
+    under bf16 compute). Multi-process: training params span every process's devices and a
+    sampler runs on its own process alone, so they are gathered (a collective: every process
+    calls this at the same point) onto this process's devices."""
+    params = models.compute_copy(cfg, params)
+    if jax.process_count() == 1:
+        return params
+    from jax.experimental import multihost_utils
+    host = multihost_utils.process_allgather(params, tiled=True)
+    local = parallel.make_mesh(parallel.MeshConfig(), jax.local_devices())
+    return jax.device_put(host, models.param_shardings(cfg, local))
 
 
 def make_embedded_sampler(engine: str, cfg: models.ModelConfig, params_or_getter: Any, *,

@@ -27,8 +27,9 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from orchestrax.rollout.base import GenerateRequest, GenerateResult
+from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
 from orchestrax.rollout.protocol import ProtocolError, request_to_json, result_from_json
+from orchestrax.rollout.weight_sync import WeightSync, write_version
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,13 @@ class _Server:
 _UNREACHABLE = (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)
 
 
-class SGLangClient:
-    """`Sampler` protocol over HTTP. Use as `async with SGLangClient(cfg) as s: ...`."""
+class SGLangClient(Sampler):
+    """`Sampler` protocol over HTTP. Use as `async with SGLangClient(cfg) as s: ...`.
+    `weight_sync`: where `publish` writes each version for the servers to load (None: this
+    client only samples)."""
 
-    def __init__(self, config: SGLangClientConfig):
-        self.config = config
+    def __init__(self, config: SGLangClientConfig, *, weight_sync: WeightSync | None = None):
+        self.config, self.weight_sync = config, weight_sync
         self.servers = [_Server(url=u.rstrip("/")) for u in config.urls]
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
@@ -304,6 +307,18 @@ class SGLangClient:
                 log.warning("weight sync to %s rejected: %s %s (it reports version %r, path %r)",
                             server.url, status, out, server.weight_version, server.model_path)
             return ok
+
+    async def publish(self, params: Any, version: str) -> Any:
+        """Write `params` as an HF directory (in a worker thread: blocking file I/O) and load it
+        on every server, checking each server's weight_version. Returns the directory."""
+        ws = self.weight_sync
+        if ws is None:
+            raise RuntimeError("SGLangClient.publish: this client has no weight_sync directory "
+                               "(SamplerConfig.weight_sync_dir)")
+        path = await asyncio.to_thread(write_version, ws.model, params, ws.root, str(version),
+                                       tokenizer_dir=ws.tokenizer_dir, keep=ws.keep)
+        await self.update_weights_from_disk(str(path.resolve()), str(version))
+        return path
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str, *,
                                        abort_all_requests: bool = False) -> None:

@@ -6,7 +6,7 @@ The directory must be readable by the servers (shared filesystem for remote ones
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import pathlib
 import shutil
 from typing import Any
@@ -14,7 +14,16 @@ from typing import Any
 import jax
 
 from orchestrax import models, parallel
-from orchestrax.rollout.sglang_client import SGLangClient
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightSync:
+    """Where an HTTP sampler's `publish` writes each version, and the model it describes."""
+
+    model: models.ModelConfig
+    root: str                          # a directory the servers can read
+    tokenizer_dir: str | None = None   # copied into every version (SGLang loads it from there)
+    keep: int = 2                      # newest versions kept on disk
 
 
 def write_version(cfg: models.ModelConfig, params: Any, root: str | pathlib.Path, version: str, *,
@@ -43,15 +52,3 @@ def write_version(cfg: models.ModelConfig, params: Any, root: str | pathlib.Path
             shutil.rmtree(old, ignore_errors=True)
     parallel.barrier(f"weights v{version}")
     return final
-
-
-async def sync_weights(client: SGLangClient, cfg: models.ModelConfig, params: Any,
-                       root: str | pathlib.Path, version: str, *, tokenizer_dir: str | None = None,
-                       abort_all_requests: bool = False, keep: int = 2) -> pathlib.Path:
-    """Write the checkpoint (in a worker thread: it is blocking file I/O) and load it on every
-    server, verifying each server's weight_version."""
-    path = await asyncio.to_thread(write_version, cfg, params, root, str(version),
-                                   tokenizer_dir=tokenizer_dir, keep=keep)
-    await client.update_weights_from_disk(str(path.resolve()), str(version),
-                                          abort_all_requests=abort_all_requests)
-    return path

@@ -14,9 +14,12 @@ from typing import Any
 import jax
 from etils import epath
 
+from orchestrax import registry
 from orchestrax.agent import chat
 from orchestrax.agent.checks import at_least
 from orchestrax.agent.episode import prompt_messages
+from orchestrax.envs.base import EnvConfig
+from orchestrax.envs.routing import RoutingConfig
 from orchestrax.models import ModelConfig
 from orchestrax.models.configs import REMAT_POLICIES
 from orchestrax.parallel import MeshConfig
@@ -28,15 +31,13 @@ from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train import run_info
 from orchestrax.train.validate import check_fields
 
-BACKENDS = ("embedded", "sglang")
 DTYPES = ("float32", "bfloat16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-ENVS = ("routing", "tau2", "qa", "toolscale", "mix")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    backend: str = "embedded"               # "sglang": server_urls must name the servers
+    backend: str = "embedded"               # a registry.SAMPLERS key; "sglang": server_urls
     server_urls: tuple[str, ...] = ()
     group_size: int = 8                     # G rollouts per task
     tasks_per_step: int = 8                 # Q tasks per step
@@ -62,8 +63,7 @@ class RolloutConfig:
 
     def __post_init__(self):
         check_fields(self, prefix="RolloutConfig.")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"RolloutConfig.backend={self.backend!r}; allowed: {BACKENDS}")
+        registry.check_backend(self.backend, "RolloutConfig.backend")
         if self.engine not in ENGINES:
             raise ValueError(f"RolloutConfig.engine={self.engine!r}; allowed: {ENGINES}")
         if self.backend == "sglang" and not self.server_urls:
@@ -93,8 +93,7 @@ class TrainConfig:
     optim: OptimizerConfig = OptimizerConfig()
     sft_optim: OptimizerConfig | None = None  # warm-start optimizer (defaults to optim)
     rollout: RolloutConfig = RolloutConfig()
-    env: str = "routing"
-    env_kwargs: tuple[tuple[str, Any], ...] = ()
+    env: EnvConfig = RoutingConfig()        # any config registry.ENVS builds
     sft_steps: int = 0                      # supervised warm-start steps before RL
     sft_batch: int = 64
     # JSONL files of trajectories for the warm start (orchestrax/data/sft.py says the format);
@@ -123,10 +122,14 @@ class TrainConfig:
     instances: InstanceConfig = InstanceConfig()
 
     def __post_init__(self):
+        if type(self.env) not in registry.ENVS:
+            raise ValueError(f"TrainConfig.env={self.env!r}; allowed: a config of "
+                             f"{sorted(c.__name__ for c in registry.ENVS)}")
         check_fields(self)  # types first: the range checks below assume them
-        if self.tools is not None and self.env == "routing":
-            raise ValueError("TrainConfig.tools is for env 'qa' and 'tau2'; the routing env "
-                             "brings its own lookup tools")
+        if self.tools is not None and not self.env.takes_catalog:
+            raise ValueError(f"TrainConfig.tools is set but env {type(self.env).__name__} brings "
+                             "its own tools; tools are for "
+                             f"{sorted(c.__name__ for c in registry.ENVS if c.takes_catalog)}")
         if self.tools is not None:
             from orchestrax.tools.sheets import load_sheet
             if load_sheet(self.tools.sheet).split != "train":
@@ -136,8 +139,6 @@ class TrainConfig:
         if (self.model is None) == (self.hf_path is None):
             raise ValueError("TrainConfig: set exactly one of model (random init) or hf_path "
                              f"(model={'set' if self.model else None}, hf_path={self.hf_path!r})")
-        if self.env not in ENVS:
-            raise ValueError(f"TrainConfig.env={self.env!r}; allowed: {ENVS}")
         if self.grpo.temperature != self.rollout.temperature:
             raise ValueError(f"TrainConfig: grpo.temperature={self.grpo.temperature} differs from "
                              f"rollout.temperature={self.rollout.temperature}; the trainer must "
@@ -171,39 +172,9 @@ class TrainConfig:
         if self.agent.mode == "subagent" and self.rollout.workers:  # --- sub-agent mode
             raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode='subagent'; "
                              "sub-agent rollouts run on the trainer's event loop (workers=0)")
-        if self.env in ("tau2", "toolscale") and "domain" not in dict(self.env_kwargs):
-            raise ValueError(f"TrainConfig.env_kwargs={self.env_kwargs!r}; env={self.env!r} "
-                             "needs ('domain', '<path to a tau2 domain folder>')")
-        if self.env == "mix":
-            check_mix_sources(dict(self.env_kwargs).get("sources"))
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
-
-
-def check_mix_sources(sources: Any) -> None:
-    """env="mix": env_kwargs `sources` = ((name, weight > 0, env, env_kwargs), ...), names
-    unique, each env one of ENVS but "mix", tau2/toolscale ones with a domain."""
-    form = "(('sources', ((name, weight, env, env_kwargs), ...)),)"
-    if not isinstance(sources, tuple) or not sources:
-        raise ValueError(f"TrainConfig.env_kwargs: env='mix' needs {form}")
-    for source in sources:
-        if not (isinstance(source, tuple) and len(source) == 4):
-            raise ValueError(f"TrainConfig.env_kwargs sources: {source!r} is not "
-                             "(name, weight, env, env_kwargs)")
-        name, weight, env, kwargs = source
-        if env not in ENVS or env == "mix":
-            raise ValueError(f"TrainConfig.env_kwargs sources: {name!r} has env={env!r}; "
-                             f"allowed: {tuple(e for e in ENVS if e != 'mix')}")
-        if not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"TrainConfig.env_kwargs sources: {name!r} has weight={weight!r}; "
-                             "must be > 0")
-        if env in ("tau2", "toolscale") and "domain" not in dict(kwargs):
-            raise ValueError(f"TrainConfig.env_kwargs sources: {name!r} (env={env!r}) needs "
-                             "('domain', '<path to a tau2 domain folder>')")
-    names = [s[0] for s in sources]
-    if len(set(names)) != len(names):
-        raise ValueError(f"TrainConfig.env_kwargs sources: names {names} repeat")
 
 
 def check_paths(cfg: TrainConfig) -> None:
@@ -278,12 +249,12 @@ def check_context(cfg: TrainConfig, env: Any, codec: Any, tasks: Any) -> None:
 def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int) -> None:
     """The environment has enough tasks for one step (no task twice in a step)."""
     if cfg.steps > 0 and cfg.rollout.tasks_per_step > num_train:
-        raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step}; the {cfg.env!r} "
-                         f"env has {num_train} train tasks, and a step takes each task at most "
-                         f"once: allowed 1..{num_train}")
+        raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step}; the "
+                         f"{type(cfg.env).__name__} env has {num_train} train tasks, and a "
+                         f"step takes each task at most once: allowed 1..{num_train}")
     if cfg.steps > 0 and cfg.eval_every and num_eval == 0:
-        raise ValueError(f"TrainConfig.eval_every={cfg.eval_every} but the {cfg.env!r} env has no "
-                         "eval tasks; set eval_every=0")
+        raise ValueError(f"TrainConfig.eval_every={cfg.eval_every} but the "
+                         f"{type(cfg.env).__name__} env has no eval tasks; set eval_every=0")
 
 
 def check_master_weights(cfg: TrainConfig, params: Any) -> None:

@@ -94,13 +94,13 @@ class EpisodePlayer:
     which took most of a worker's start-up."""
 
     def __init__(self, cfg: Any, sampler_urls: tuple[str, ...]):
-        from orchestrax.agent.scripted import load_codec
-        from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
+        from orchestrax import registry
+        from orchestrax.rollout.base import SamplerConfig
         from orchestrax.train import setup
 
         self.env = setup.make_env(cfg)
-        self.codec = load_codec(cfg.tokenizer)
-        self.sampler = SGLangClient(SGLangClientConfig(urls=sampler_urls))
+        self.codec = registry.build_codec(cfg.tokenizer)
+        self.sampler = registry.build_sampler(SamplerConfig(backend="sglang", urls=sampler_urls))
         self.executor: ToolExecutor | None = None
 
     async def play(self, job: EpisodeJob) -> tuple[Trajectory, float, dict[str, int]]:

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
-from orchestrax import rl
+from orchestrax import registry, rl
 from orchestrax.agent.subagent import (ROLES, OrchestratorConfig, SubAgentConfig,
                                        SubagentRollout, build_subagents, holdable, query_tools,
                                        run_query, thinking_flags)
 from orchestrax.data.records import Task
+from orchestrax.rollout.base import SamplerConfig
 from orchestrax.train import batching
 from orchestrax.train.agent_config import AgentConfig
 
@@ -245,14 +246,13 @@ def make_subagent_sampler(cfg: "TrainConfig", model_cfg, params):
     """The sub-agents' sampler, never updated by training: SGLang servers at
     `agent.subagent_urls`, or an embedded sampler on a copy of the starting weights (the
     trainer's own buffers are donated to every update)."""
+    r = cfg.rollout
     if cfg.agent.subagent_urls:
-        from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
-        return SGLangClient(SGLangClientConfig(urls=tuple(cfg.agent.subagent_urls)))
+        return registry.build_sampler(SamplerConfig(backend="sglang",
+                                                    urls=tuple(cfg.agent.subagent_urls)))
     import jax
     import jax.numpy as jnp
-
-    from orchestrax.rollout.embedded import make_embedded_sampler
-    r = cfg.rollout
-    return make_embedded_sampler(r.engine, model_cfg, jax.tree.map(jnp.copy, params),
-                                 max_batch=r.sampler_max_batch, max_len=r.context_tokens,
-                                 seed=cfg.seed + 1)
+    return registry.build_sampler(
+        SamplerConfig(backend="embedded", engine=r.engine, max_batch=r.sampler_max_batch,
+                      max_len=r.context_tokens, seed=cfg.seed + 1),
+        model_cfg, jax.tree.map(jnp.copy, params))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from orchestrax import models, parallel, rl
+from orchestrax import models, parallel, registry, rl
 from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
@@ -31,7 +31,6 @@ from orchestrax.data.instances import prepare_instance  # issue 10: per-instance
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
-from orchestrax.rollout.sglang_client import SGLangClient
 from orchestrax.tools.randomize import instance_seed
 from orchestrax.train import (batching, checkpoint, config, console, episodes, run_info, setup,
                               warmstart)
@@ -67,7 +66,7 @@ class Trainer:
         # Multi-process: each process evaluates its own share (eval rows average the shares).
         self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
-        self.tokenizer = setup.load_tokenizer(cfg.tokenizer)
+        self.tokenizer = registry.build_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
         config.check_vocab(cfg, self.tokenizer)
         config.check_context(cfg, self.env, self.codec, self.train_tasks)
@@ -108,7 +107,8 @@ class Trainer:
                                   writer=jax.process_index() == 0,
                                   mirror=None if str(self.out) == str(self.local) else self.out)
         self._clock = console.Clock()
-        self.sampler = setup.make_sampler(cfg, self.model_cfg, self.state.params)
+        self.sampler = registry.build_sampler(setup.sampler_config(cfg, self.out), self.model_cfg,
+                                              self.state.params)
         self.executor = ToolExecutor()
         # --- sub-agent mode (issue 12): orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
         self.flow = (FlowRunner(cfg, self.env, self.codec, self.sampler,
@@ -272,8 +272,7 @@ class Trainer:
             if self.ref_params is not None:
                 batch["ref_logprobs"] = self._ref_logprobs(
                     self.ref_params, batch["tokens"], batch["attention_mask"])
-            if hasattr(self.sampler, "drop_params"):   # its copy is remade right after
-                self.sampler.drop_params()
+            self.sampler.drop_params()   # its copy is remade right after
             self.state, metrics = self.update.step(self.state, batch)
             self._stop_if_broken(metrics)
             self.step += 1
@@ -290,8 +289,7 @@ class Trainer:
             self._save()
         bar.close()
         self._save(force=True)
-        if hasattr(self.sampler, "aclose"):
-            await self.sampler.aclose()
+        await self.sampler.aclose()
         return history
 
     def _setup_reference(self) -> None:
@@ -436,8 +434,7 @@ class Trainer:
 
     async def _publish_weights(self) -> None:
         version = str(self._global_step())
-        await setup.publish(self.sampler, self.cfg, self.model_cfg, self.state.params, version,
-                            self.local)
+        await self.sampler.publish(self.state.params, version)
 
     async def _evaluate(self) -> dict[str, Any]:
         """Rollouts on the eval split (greedy unless eval_temperature > 0): accuracy, cost,
@@ -458,8 +455,7 @@ class Trainer:
         eval's rollouts): the trainer's own SGLang client (episodes on this event loop) plus the
         episode workers' clients (their counters come back with the episodes). Empty for the
         embedded sampler on this event loop, which has no client."""
-        own = self.sampler.take_counters() if isinstance(self.sampler, SGLangClient) else {}
-        total = episodes.sum_counters([own, self._worker_counters])
+        total = episodes.sum_counters([self.sampler.take_counters(), self._worker_counters])
         self._worker_counters = {}
         return {f"rollout_{k}": float(v) for k, v in total.items()}
 

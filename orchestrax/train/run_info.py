@@ -42,9 +42,12 @@ def to_json(cfg: Any) -> dict[str, Any]:
 
 
 def write(out_dir: pathlib.Path, cfg: Any) -> pathlib.Path:
+    """`cfg` as JSON, with `env_kind`: the class of its env config (the JSON of `env` holds only
+    that config's fields)."""
     path = pathlib.Path(out_dir) / RUN_CONFIG
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(to_json(cfg), indent=2) + "\n")
+    tmp.write_text(json.dumps(to_json(cfg) | {"env_kind": type(cfg.env).__name__}, indent=2)
+                   + "\n")
     tmp.replace(path)
     return path
 
@@ -60,8 +63,8 @@ def find(directory: str | pathlib.Path) -> pathlib.Path | None:
 
 def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], pathlib.Path] | None:
     """({"enable_thinking", "max_new_tokens", "max_turns", "context_tokens", "temperature",
-    "env", "env_kwargs", "name"}, file) of the run that trained the policy in `directory`; None when it
-    carries no run config."""
+    "env_kind", "env", "name"}, file) of the run that trained the policy in `directory` (`env`:
+    its env config's fields as JSON); None when it carries no run config."""
     path = find(directory)
     if path is None:
         return None
@@ -72,8 +75,7 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None
     out["temperature"] = float(cfg.get("eval_temperature", 0.0))  # the run's own eval rows
-    out |= {"env": cfg.get("env"), "env_kwargs": [tuple(kv) for kv in cfg.get("env_kwargs", [])],
-            "name": cfg.get("name")}
+    out |= {"env_kind": cfg.get("env_kind"), "env": cfg.get("env"), "name": cfg.get("name")}
     return out, path
 
 

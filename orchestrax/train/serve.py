@@ -1,6 +1,6 @@
 """`orchestrax serve`: build the sampler, tokenizer and server state from parsed CLI arguments and
-run the server. An entry point, so it lives with the others in train/ (it needs agent/ for the
-`--tiny` tokenizer, which rollout/ must not import)."""
+run the server. An entry point, so it lives with the others in train/ (it builds through the
+registry, which rollout/ must not import)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import signal
 
 import jax
 
-from orchestrax import models
-from orchestrax.rollout.embedded import make_embedded_sampler
+from orchestrax import models, registry
+from orchestrax.rollout.base import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
 
@@ -62,22 +62,20 @@ def start_error(args: argparse.Namespace) -> str | None:
 def build_state(args: argparse.Namespace) -> ServerState:
     pdt = param_dtype(args.param_dtype)
     if args.tiny:
-        from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-        tokenizer, template = tiny_qwen3_tokenizer(), None  # it carries its own chat template
+        tokenizer, template = registry.build_tokenizer("tiny"), None  # carries its own template
         cfg = models.tiny_config(vocab_size=len(tokenizer), dtype=args.dtype)
         params = models.init_params(cfg, seed=args.seed)
         # fp32 init then one cast, as load_hf casts a checkpoint's tensors once.
         cfg, params = cfg.replace(param_dtype=pdt), jax.tree.map(lambda x: x.astype(pdt), params)
         model_path, tok_path = "tiny", None
     else:
-        from transformers import AutoTokenizer
         cfg, params = models.load_hf(args.model, dtype=args.dtype, param_dtype=pdt)
         tok_path = args.tokenizer or args.model
-        tokenizer = AutoTokenizer.from_pretrained(tok_path)
+        tokenizer = registry.build_tokenizer(tok_path)
         model_path, template = args.model, None
-    sampler = make_embedded_sampler(args.engine, cfg, params, max_batch=args.max_batch,
-                                    max_len=args.max_len, weight_version=args.weight_version,
-                                    seed=args.seed)
+    sampler = registry.build_sampler(SamplerConfig(
+        backend="embedded", engine=args.engine, max_batch=args.max_batch, max_len=args.max_len,
+        weight_version=args.weight_version, seed=args.seed), cfg, params)
     # Weight updates load in the served dtype: the server refuses a tree whose dtypes differ.
     return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
                        tokenizer_path=tok_path, chat_template=template,

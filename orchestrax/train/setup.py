@@ -1,4 +1,5 @@
-"""Builders the loop calls once: tokenizer, params, environment, sampler, demos."""
+"""What the loop builds once from its TrainConfig: params, the model card, the environment and
+sampler configs it hands to `orchestrax.registry`, warm-start demonstrations."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from orchestrax import models, parallel
+from orchestrax import models, registry
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
-from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
+from orchestrax.agent.scripted import ScriptedSampler
 from orchestrax.models.hf_io import portable_tokenizer_config
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
+from orchestrax.rollout.base import SamplerConfig
 from orchestrax.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -28,13 +30,6 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S", force=True)
     logging.getLogger("orchestrax").setLevel(logging.INFO)
-
-
-def load_tokenizer(spec: str):
-    if spec == "tiny":
-        return tiny_qwen3_tokenizer(512)
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(spec)
 
 
 def pad_id(codec: Codec) -> int:
@@ -68,68 +63,21 @@ def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tok
 
 
 def make_env(cfg: TrainConfig) -> Environment:
-    if cfg.env != "mix":
-        return _make_env(cfg, cfg.env, dict(cfg.env_kwargs), make_catalog(cfg))
-    from orchestrax.envs.mixture import MixtureEnv
-    catalog = make_catalog(cfg)  # one catalog (one search index) for every source
-    return MixtureEnv([(name, weight, _make_env(cfg, env, dict(kwargs), catalog))
-                       for name, weight, env, kwargs in dict(cfg.env_kwargs)["sources"]])
+    """The run's environment, with the run's tool catalog for kinds that take one."""
+    return registry.build_env(cfg.env, tools=registry.build_catalog(cfg.tools))
 
 
 def task_stream(cfg: TrainConfig, env: Environment, num_tasks: int):
-    """The RL steps' task indices for this process, as a grain MapDataset: the mixture's
-    weighted draw for env="mix", else uniform without repeats within a step."""
-    from orchestrax.data import tasks
-    shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
-    if cfg.env == "mix":
-        return tasks.mixture_stream(env.sizes(), env.weights, cfg.rollout.tasks_per_step,
-                                    seed=cfg.seed, **shard)
-    return tasks.task_stream(num_tasks, cfg.rollout.tasks_per_step, seed=cfg.seed, **shard)
-
-
-def _make_env(cfg: TrainConfig, env: str, kwargs: dict[str, Any], catalog) -> Environment:
-    if env == "routing":
-        from orchestrax.envs.routing import RoutingConfig, RoutingEnv
-        return RoutingEnv(RoutingConfig(seed=cfg.seed, **kwargs))
-    if env == "tau2":
-        from orchestrax.envs import tau2
-        from orchestrax.tools.chat_client import ChatEndpoint
-        domain = kwargs.pop("domain")
-        user = kwargs.pop("user_url", None)
-        endpoint = ChatEndpoint(base_url=user, model=kwargs.pop("user_model", "default"),
-                                api_key_env=kwargs.pop("user_api_key_env", None)) if user else None
-        return tau2.Tau2Env(domain, user_endpoint=endpoint, tools=catalog, **kwargs)
-    if env == "toolscale":  # a tau2-format domain whose code runs in domain workers
-        from orchestrax.envs.toolscale import ToolScaleEnv
-        return ToolScaleEnv(kwargs.pop("domain"), tools=catalog, **kwargs)
-    from orchestrax.envs import qa
-    return qa.QAEnv(tools=catalog, **kwargs)
-
-
-def make_catalog(cfg: TrainConfig):
-    """The orchestrator's tools named by `cfg.tools` (issue 10), or None."""
-    if cfg.tools is None:
-        return None
-    from orchestrax.tools.catalog import build_catalog
-    return build_catalog(cfg.tools)
-
-
-def make_sampler(cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any):
-    """This process's sampler: the embedded one on a copy of the params on this process's own
-    devices, or an SGLang client for this process's share of `server_urls` (every
-    process_count-th, from its process index)."""
-    r = cfg.rollout
-    if r.backend == "embedded":
-        from orchestrax.rollout.embedded import make_embedded_sampler
-        return make_embedded_sampler(r.engine, model_cfg, sampler_params(model_cfg, params),
-                                     max_batch=r.sampler_max_batch, max_len=r.context_tokens,
-                                     seed=cfg.seed)
-    from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
-    return SGLangClient(SGLangClientConfig(urls=server_share(r.server_urls)))
+    """This process's RL steps of task indices, as the environment draws them (a grain
+    MapDataset)."""
+    return env.task_stream(num_tasks, cfg.rollout.tasks_per_step, seed=cfg.seed,
+                           process_index=jax.process_index(),
+                           process_count=jax.process_count())
 
 
 def server_share(urls: Sequence[str]) -> tuple[str, ...]:
-    """The rollout servers this process sends its episodes to and syncs weights on."""
+    """The rollout servers this process sends its episodes to and syncs weights on (every
+    process_count-th, from its process index)."""
     n, i = jax.process_count(), jax.process_index()
     if len(urls) < n:
         raise ValueError(f"rollout.server_urls has {len(urls)} servers for {n} trainer "
@@ -137,32 +85,17 @@ def server_share(urls: Sequence[str]) -> tuple[str, ...]:
     return tuple(urls[i::n])
 
 
-def sampler_params(model_cfg: models.ModelConfig, params: Any) -> Any:
-    """`params` as this process's embedded sampler can use them. Multi-process: the training
-    params span every process's devices, and a sampler runs on its own process alone, so the
-    params are gathered (a collective: every process calls this at the same point) and put on a
-    mesh of this process's local devices. Either way the sampler gets its own copy in the
-    forward's dtypes (`models.compute_copy`: the same tokens and logprobs as the fp32 masters,
-    half their memory and of the weight bytes each decode step reads)."""
-    params = models.compute_copy(model_cfg, params)
-    if jax.process_count() == 1:
-        return params
-    from jax.experimental import multihost_utils
-    host = multihost_utils.process_allgather(params, tiled=True)
-    local = parallel.make_mesh(parallel.MeshConfig(), jax.local_devices())
-    return jax.device_put(host, models.param_shardings(model_cfg, local))
-
-
-async def publish(sampler, cfg: TrainConfig, model_cfg: models.ModelConfig, params: Any,
-                  version: str, out_dir: pathlib.Path) -> None:
-    """Make the sampler serve `params`: in place for the embedded sampler; for SGLang servers an
-    HF directory per version, `/update_weights_from_disk` on each, `weight_version` checked."""
-    if hasattr(sampler, "set_params"):
-        sampler.set_params(sampler_params(model_cfg, params), weight_version=version)
-        return
-    from orchestrax.rollout.weight_sync import sync_weights
-    await sync_weights(sampler, model_cfg, params, cfg.rollout.weight_sync_dir, version,
-                       tokenizer_dir=str(out_dir / "model"))
+def sampler_config(cfg: TrainConfig, out_dir: pathlib.Path | None = None) -> SamplerConfig:
+    """This process's policy sampler: `rollout.backend` over the run's rollout settings and this
+    process's share of `server_urls`; HTTP backends publish each version under
+    `rollout.weight_sync_dir` with the run's tokenizer (`out_dir/model`)."""
+    r = cfg.rollout
+    return SamplerConfig(backend=r.backend,
+                         urls=server_share(r.server_urls) if r.server_urls else (),
+                         engine=r.engine, max_batch=r.sampler_max_batch,
+                         max_len=r.context_tokens, seed=cfg.seed,
+                         weight_sync_dir=r.weight_sync_dir,
+                         tokenizer_dir=None if out_dir is None else str(out_dir / "model"))
 
 
 def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer,
@@ -172,8 +105,8 @@ def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer,
     rng = np.random.default_rng([cfg.seed, 3])
     scripts = [env.demonstration(task, rng) for task in tasks]
     if any(turns is None for turns in scripts):
-        raise ValueError(f"TrainConfig.sft_steps={cfg.sft_steps} but env {cfg.env!r} has no "
-                         "demonstrations; set sft_steps=0")
+        raise ValueError(f"TrainConfig.sft_steps={cfg.sft_steps} but env "
+                         f"{type(cfg.env).__name__} has no demonstrations; set sft_steps=0")
     episode_cfg = EpisodeConfig(max_turns=cfg.rollout.max_turns,
                                 context_tokens=cfg.rollout.context_tokens,
                                 max_new_tokens=cfg.rollout.max_new_tokens,

@@ -15,7 +15,7 @@ from typing import Mapping
 from orchestrax.agent.episode import UserResponder
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
-from orchestrax.envs.base import Environment
+from orchestrax.envs.base import EnvConfig, Environment
 from orchestrax.envs.tau2.domain import Tau2Domain, load_domain
 from orchestrax.envs.tau2.telecom import TelecomDomain
 from orchestrax.envs.tau2.telecom_sim import EpisodeBook
@@ -31,6 +31,20 @@ Act only on what the policy allows; ask for explicit confirmation before any cha
 <policy>
 {policy}
 </policy>"""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tau2Config(EnvConfig):
+    """A tau2-format domain folder (tau2-bench's retail/airline/telecom, or a ToolScale domain):
+    see `Tau2Env` for the fields' meaning."""
+
+    domain: str                          # the folder: db, tasks, split_tasks.json, policy
+    user: ChatEndpoint | None = None     # the simulated user's endpoint; None: no user
+    completeness: bool = True            # False: score exactly as tau2-bench does
+
+    def __post_init__(self):
+        if not self.domain.strip():
+            raise ValueError("Tau2Config.domain=''; give the path of a tau2-format domain folder")
 
 
 class Tau2Env(Environment):
