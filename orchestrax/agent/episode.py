@@ -12,17 +12,16 @@ content that spells a special token (a tool printing `<|im_end|>`, a question qu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import gc
 import logging
 import time
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from orchestrax.agent import chat
 from orchestrax.agent.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.executor import ToolExecutor
+from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.parser import MAX_CALLS_PER_TURN, ToolCallParser
 from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
@@ -110,22 +109,95 @@ async def sample_turn(sampler: Sampler, ids: Sequence[int], sampling: SamplingPa
     return problem + f" ({attempts} attempts)"
 
 
+@dataclasses.dataclass(frozen=True)
+class NextTurn:
+    """What follows an assistant turn: the episode ends (`end`, with `error` for "error"), or
+    the next turn sees the user's reply `user` or the tool responses `observations`."""
+
+    end: EndReason | None = None
+    error: str | None = None
+    user: str | None = None
+    observations: tuple[str, ...] = ()
+
+
+class TurnRules:
+    """What happens after an assistant turn, the same in the token loop here and in a text-space
+    loop (`eval.policy.ChatPolicy`): no tool call is the answer (or goes to the simulated user);
+    tool calls run, several at once; format errors count toward `max_format_errors` and come
+    back as tool responses. The trajectory's readable `messages` grow by what the next turn
+    sees; how it is rendered (token ids, chat messages) is the loop's business."""
+
+    def __init__(self, tools: Sequence[Tool], config: EpisodeConfig, executor: ToolExecutor,
+                 user: UserResponder | None):
+        self.tools = {t.spec.name: t for t in tools}
+        self.parser = ToolCallParser([t.spec for t in tools], config.max_calls_per_turn)
+        self.config, self.executor, self.user = config, executor, user
+        self.format_streak = 0
+
+    async def after(self, traj: Trajectory, record: TurnRecord, turn: int) -> NextTurn:
+        """`record` (the turn's text, already in `traj.turns`) gets its tool calls and format
+        error; `turn` counts from 0."""
+        parsed = self.parser.parse(record.text)
+        if not parsed.calls:
+            self.format_streak = 0
+            if self.user is None:
+                traj.final_answer = parsed.answer or None  # empty: no answer (paper §3.2)
+                return NextTurn(end="answer")
+            try:
+                reply = await self.user(traj.messages)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a broken user simulator ends this episode only
+                return NextTurn(end="error",
+                                error=f"user responder failed: {type(e).__name__}: {e}")
+            if reply.stop:
+                traj.final_answer = parsed.answer or None
+                return NextTurn(end="user_stop")
+            traj.messages.append({"role": "user", "content": reply.text})
+            return NextTurn(user=reply.text)
+        record.tool_calls = await self._run_calls(parsed.calls)
+        record.format_error = parsed.format_error
+        observations = [c.observation for c in record.tool_calls]
+        if record.format_error is not None:
+            return self.format_error(traj, observations)
+        self.format_streak = 0
+        if turn == self.config.max_turns - 1:
+            return NextTurn(end="max_turns")
+        traj.messages.extend({"role": "tool", "content": o} for o in observations)
+        return NextTurn(observations=tuple(observations))
+
+    def format_error(self, traj: Trajectory, observations: Sequence[str]) -> NextTurn:
+        """Count the streak; the errors go back as tool responses unless the episode ends."""
+        self.format_streak += 1
+        if self.format_streak >= self.config.max_format_errors:
+            return NextTurn(end="format_errors")
+        if len(traj.turns) >= self.config.max_turns:
+            return NextTurn(end="max_turns")
+        traj.messages.extend({"role": "tool", "content": o} for o in observations)
+        return NextTurn(observations=tuple(observations))
+
+    async def _run_calls(self, calls) -> list[ToolCallRecord]:
+        valid = [c for c in calls if c.error is None]
+        done = iter(await self.executor.call_many(
+            [(self.tools[c.name], c.arguments) for c in valid]) if valid else [])
+        return [next(done) if c.error is None else
+                ToolCallRecord(name=c.name, arguments=c.arguments, observation=c.error, ok=False)
+                for c in calls]
+
+
 class _Episode:
     """Mutable state of one episode; `run` is the loop."""
 
     def __init__(self, sampler: Sampler, codec: Codec, task: Task, tools: Sequence[Tool],
                  config: EpisodeConfig, executor: ToolExecutor, user: UserResponder | None):
         self.sampler, self.codec, self.task, self.config = sampler, codec, task, config
-        self.executor, self.user = executor, user
-        self.tools = {t.spec.name: t for t in tools}
-        self.parser = ToolCallParser([t.spec for t in tools], config.max_calls_per_turn)
+        self.rules = TurnRules(tools, config, executor, user)
         messages = prompt_messages(task)
         ids = codec.encode_prompt(chat.prompt_parts(messages, tools=[t.spec for t in tools],
                                                     enable_thinking=config.enable_thinking))
         self.traj = Trajectory(task_id=task.task_id, prompt_len=len(ids), token_ids=ids,
                                loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
                                messages=messages)
-        self.format_streak = 0
 
     def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None):
         self.traj.token_ids.extend(ids)
@@ -176,68 +248,26 @@ class _Episode:
                 self._append([codec.im_end], 0)
                 record.format_error = (f"Error: the response was cut off after {len(out)} tokens "
                                        "without finishing; keep turns shorter.")
-                if not await self._after_format_error([record.format_error]):
+                if not self._go_on(self.rules.format_error(traj, [record.format_error])):
                     return traj
                 continue
-            parsed = self.parser.parse(text)
-            if not parsed.calls:
-                self.format_streak = 0
-                if self.user is None:
-                    traj.final_answer = parsed.answer or None  # empty: no answer (paper §3.2)
-                    return self._end("answer")
-                try:
-                    reply = await self.user(traj.messages)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # a broken user simulator ends this episode only
-                    return self._end("error", f"user responder failed: {type(e).__name__}: {e}")
-                if reply.stop:
-                    traj.final_answer = parsed.answer or None
-                    return self._end("user_stop")
-                traj.messages.append({"role": "user", "content": reply.text})
-                if not self._continue(chat.user_parts(reply.text,
-                                                      enable_thinking=cfg.enable_thinking)):
-                    return self._end("context")
-                continue
-            record.tool_calls = await self._run_calls(parsed.calls)
-            record.format_error = parsed.format_error
-            observations = [c.observation for c in record.tool_calls]
-            if record.format_error is not None:
-                if not await self._after_format_error(observations):
-                    return traj
-                continue
-            self.format_streak = 0
-            if turn == cfg.max_turns - 1:
-                break
-            traj.messages.extend({"role": "tool", "content": o} for o in observations)
-            if not self._continue(chat.tool_response_parts(observations,
-                                                           enable_thinking=cfg.enable_thinking)):
-                return self._end("context")
+            if not self._go_on(await self.rules.after(traj, record, turn)):
+                return traj
         return self._end("max_turns")
 
-    async def _after_format_error(self, observations: list[str]) -> bool:
-        """Count the streak; feed the errors back as tool responses. False: the episode ended."""
-        self.format_streak += 1
-        if self.format_streak >= self.config.max_format_errors:
-            self._end("format_errors")
+    def _go_on(self, nxt: "NextTurn") -> bool:
+        """Apply what the rules say follows a turn: end the episode, or append the user's reply
+        or the tool responses (mask 0). False: the episode ended."""
+        if nxt.end is not None:
+            self._end(nxt.end, nxt.error)
             return False
-        if len(self.traj.turns) >= self.config.max_turns:
-            self._end("max_turns")
-            return False
-        self.traj.messages.extend({"role": "tool", "content": o} for o in observations)
-        if not self._continue(chat.tool_response_parts(
-                observations, enable_thinking=self.config.enable_thinking)):
+        thinking = self.config.enable_thinking
+        parts = (chat.user_parts(nxt.user, enable_thinking=thinking) if nxt.user is not None
+                 else chat.tool_response_parts(list(nxt.observations), enable_thinking=thinking))
+        if not self._continue(parts):
             self._end("context")
             return False
         return True
-
-    async def _run_calls(self, calls) -> list[ToolCallRecord]:
-        valid = [c for c in calls if c.error is None]
-        done = iter(await self.executor.call_many(
-            [(self.tools[c.name], c.arguments) for c in valid]) if valid else [])
-        return [next(done) if c.error is None else
-                ToolCallRecord(name=c.name, arguments=c.arguments, observation=c.error, ok=False)
-                for c in calls]
 
 
 async def run_episode(sampler: Sampler, tokenizer, task: Task, tools: Sequence[Tool], *,
@@ -268,40 +298,17 @@ async def run_episodes(sampler: Sampler, tokenizer,
                        max_in_flight: int = 4096,
                        user_for: Callable[[Task], UserResponder | None] | None = None,
                        ) -> list[Trajectory]:
-    """Run many episodes with at most `max_in_flight` alive at once; results in job order.
-
-    Jobs are pulled lazily by a fixed pool of workers, so memory stays bounded by the number in
-    flight plus the finished trajectories."""
+    """Run many episodes with at most `max_in_flight` alive at once (`fan_out`: jobs pulled
+    lazily, memory bounded by those in flight plus the finished trajectories); results in job
+    order."""
     if max_in_flight < 1:
         raise ValueError(f"run_episodes max_in_flight={max_in_flight}; must be >= 1")
     codec = tokenizer if isinstance(tokenizer, Codec) else Codec(tokenizer)
     executor = executor or ToolExecutor()
-    source = enumerate(jobs)
-    results: dict[int, Trajectory] = {}
 
-    async def worker():
-        for index, (task, tools) in source:  # the shared iterator hands each job out once
-            results[index] = await run_episode(
-                sampler, codec, task, tools, config=config, executor=executor,
-                user=user_for(task) if user_for is not None else None)
+    async def one(job: tuple[Task, Sequence[Tool]]) -> Trajectory:
+        task, tools = job
+        return await run_episode(sampler, codec, task, tools, config=config, executor=executor,
+                                 user=user_for(task) if user_for is not None else None)
 
-    with young_gc_threshold():
-        await asyncio.gather(*(worker() for _ in range(max_in_flight)))
-    return [results[i] for i in range(len(results))]
-
-
-YOUNG_GC_THRESHOLD = 50_000  # allocations between young-generation collections (default 700)
-
-
-@contextlib.contextmanager
-def young_gc_threshold(threshold: int = YOUNG_GC_THRESHOLD) -> Iterator[None]:
-    """Collect the young generation less often while episodes run. Thousands of episodes in
-    flight allocate coroutine frames, handles and futures that die young, and each collection
-    that reaches the old generation walks every live trajectory's token lists: with the default
-    threshold (700) the collector took ~40% of the CPU of `bench/rollout_concurrency.py`."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(threshold, old[0]), *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
+    return await fan_out(one, jobs, max_in_flight=max_in_flight)

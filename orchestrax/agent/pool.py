@@ -27,7 +27,7 @@ import threading
 import traceback
 from typing import Any, Callable, Protocol, Sequence
 
-from orchestrax.agent.episode import YOUNG_GC_THRESHOLD, young_gc_threshold
+from orchestrax.agent.fanout import YOUNG_GC_THRESHOLD, young_gc_threshold
 
 
 class Player(Protocol):

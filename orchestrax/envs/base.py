@@ -10,9 +10,11 @@ metrics; an environment overrides the ones it has.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
+import logging
 import types
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -21,6 +23,8 @@ from orchestrax.tools.base import Tool
 
 if TYPE_CHECKING:  # only a type: environments sit above the agent layer, never the reverse
     from orchestrax.agent.episode import UserResponder
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,3 +85,37 @@ class Environment(abc.ABC):
         from orchestrax.data import tasks
         return tasks.task_stream(num_tasks, tasks_per_step, seed=seed,
                                  process_index=process_index, process_count=process_count)
+
+
+# One episode between the opening and the verdict: (the task as opened, its tools, its user or
+# None) -> the trajectory. The token loop (`agent.episode.run_episode`) or an eval policy's.
+EpisodeRun = Callable[[Task, Sequence[Tool], "UserResponder | None"], Awaitable[Trajectory]]
+
+
+async def play_task(env: Environment, task: Task, run: EpisodeRun, *,
+                    tools: Sequence[Tool] | None = None) -> tuple[Trajectory, float]:
+    """(trajectory, outcome) of one episode of `task`, start to verdict, for training and
+    evaluation alike: the environment's user (if any) opens the conversation, `run` plays it,
+    the environment scores it. `tools`: the episode's tools when the caller made them (and frees
+    them); by default the environment's fresh tools for the opened task, freed here once the
+    verdict is in. Never raises except on cancellation: an environment hook, the episode or the
+    verifier failing makes a failed trajectory (`end_reason="error"`, no answer, outcome 0.0),
+    so one bad episode never aborts a training step or an evaluation."""
+    trajectory, own = None, []
+    try:
+        user = env.user_for(task)
+        start = task if user is None else await env.open(task, user)  # the user speaks first
+        if tools is None:
+            tools = own = env.tools(start)
+        trajectory = await run(start, tools, user)
+        return trajectory, float(await env.verify(task, trajectory))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        log.warning("episode of task %s failed", task.task_id, exc_info=True)
+        failed = trajectory if trajectory is not None else Trajectory(task_id=task.task_id)
+        failed.final_answer, failed.end_reason = None, "error"
+        failed.error = f"{type(e).__name__}: {e}"
+        return failed, 0.0
+    finally:
+        await asyncio.shield(env.release(own))

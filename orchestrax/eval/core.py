@@ -11,7 +11,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from orchestrax.agent.episode import young_gc_threshold
+from orchestrax.agent.fanout import fan_out
 from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import Policy
@@ -34,19 +34,17 @@ async def evaluate(task_set: TaskSet, policy: Policy, cfg: EvalConfig, *, runner
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight={max_in_flight}; must be >= 1")
     play = RUNNERS[runner]
-    gate = asyncio.Semaphore(max_in_flight)
     bar = tqdm(total=len(task_set.tasks), desc=f"{task_set.name} [{policy.name}]",
                disable=not progress, leave=False)
     done, solved, dollars = 0, 0.0, 0.0
 
     async def one(task: Task) -> EpisodeRecord:
         nonlocal done, solved, dollars
-        async with gate:
-            tools = task_set.env.tools(task)
-            try:
-                record = await play(task, task_set.env, policy, tools, cfg)
-            finally:
-                await asyncio.shield(task_set.env.release(tools))
+        tools = task_set.env.tools(task)
+        try:
+            record = await play(task, task_set.env, policy, tools, cfg)
+        finally:
+            await asyncio.shield(task_set.env.release(tools))
         record.task_set = task_set.name
         done, solved, dollars = done + 1, solved + record.outcome, dollars + record.cost_usd
         bar.update(1)
@@ -54,8 +52,7 @@ async def evaluate(task_set: TaskSet, policy: Policy, cfg: EvalConfig, *, runner
         return record
 
     try:
-        with young_gc_threshold():
-            return list(await asyncio.gather(*(one(t) for t in task_set.tasks)))
+        return await fan_out(one, task_set.tasks, max_in_flight=max_in_flight)
     finally:
         bar.close()
 

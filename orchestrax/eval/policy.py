@@ -24,10 +24,10 @@ import aiohttp
 from orchestrax import registry
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
-from orchestrax.agent.episode import EpisodeConfig, UserResponder, prompt_messages, run_episode
+from orchestrax.agent.episode import (EpisodeConfig, TurnRules, UserResponder, prompt_messages,
+                                      run_episode)
 from orchestrax.agent.executor import ToolExecutor
-from orchestrax.agent.parser import ToolCallParser
-from orchestrax.data.records import Task, ToolCallRecord, Trajectory, TurnRecord
+from orchestrax.data.records import Task, Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplerConfig
 from orchestrax.tools.base import Tool
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
@@ -92,8 +92,7 @@ class ChatPolicy:
         self._executor = self._executor or ToolExecutor()
         self._session = self._session or aiohttp.ClientSession()
         specs = [t.spec for t in tools]
-        by_name = {t.spec.name: t for t in tools}
-        parser = ToolCallParser(specs)
+        rules = TurnRules(tools, config, self._executor, user)
         messages = prompt_messages(task)
         wire = [dict(m) for m in messages]
         system = wire[0]["content"] if wire and wire[0]["role"] == "system" else None
@@ -103,7 +102,6 @@ class ChatPolicy:
             wire = [{"role": "system", "content": body}] + wire[1 if system is not None else 0:]
         traj = Trajectory(task_id=task.task_id, messages=list(messages))
         seconds: list[float] = []
-        streak = 0
         for turn in range(config.max_turns):
             try:
                 reply = await chat_completion(self.endpoint, wire, session=self._session,
@@ -118,39 +116,13 @@ class ChatPolicy:
             traj.turns.append(record)
             wire.append({"role": "assistant", "content": reply.raw})
             traj.messages.append({"role": "assistant", "content": reply.raw})
-            parsed = parser.parse(reply.raw)
-            if not parsed.calls:
-                streak = 0
-                if user is None:
-                    traj.final_answer, traj.end_reason = parsed.answer, "answer"
-                    break
-                try:
-                    said = await user(traj.messages)
-                except Exception as e:  # a broken user simulator ends this episode only
-                    traj.end_reason, traj.error = "error", f"user responder failed: {e}"
-                    break
-                if said.stop:
-                    traj.final_answer, traj.end_reason = parsed.answer, "user_stop"
-                    break
-                wire.append({"role": "user", "content": said.text})
-                traj.messages.append({"role": "user", "content": said.text})
-                continue
-            valid = [c for c in parsed.calls if c.error is None]
-            done = iter(await self._executor.call_many(
-                [(by_name[c.name], c.arguments) for c in valid]) if valid else [])
-            record.tool_calls = [next(done) if c.error is None else ToolCallRecord(
-                name=c.name, arguments=c.arguments, observation=c.error, ok=False)
-                for c in parsed.calls]
-            record.format_error = parsed.format_error
-            streak = streak + 1 if record.format_error else 0
-            if streak >= config.max_format_errors:
-                traj.end_reason = "format_errors"
+            nxt = await rules.after(traj, record, turn)
+            if nxt.end is not None:
+                traj.end_reason, traj.error = nxt.end, nxt.error
                 break
-            if turn == config.max_turns - 1:
-                break
-            observations = [c.observation for c in record.tool_calls]
-            wire.append({"role": "user", "content": _tool_responses(observations)})
-            traj.messages.extend({"role": "tool", "content": o} for o in observations)
+            # Qwen3's template renders tool results as <tool_response> blocks in a user turn.
+            wire.append({"role": "user", "content": nxt.user if nxt.user is not None
+                         else _tool_responses(nxt.observations)})
         traj.end_reason = traj.end_reason or "max_turns"
         return PolicyEpisode(trajectory=traj, turn_seconds=seconds)
 

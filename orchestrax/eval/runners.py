@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any, Awaitable, Callable, Sequence
 
 from orchestrax.agent.episode import EpisodeConfig
-from orchestrax.data.records import Task
-from orchestrax.envs.base import Environment
+from orchestrax.data.records import Task, Trajectory
+from orchestrax.envs.base import Environment, play_task
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.records import EpisodeRecord, record_from_trajectory
 from orchestrax.eval.subagent import run_subagent  # the orchestrator + sub-agents system
@@ -52,13 +52,17 @@ def turn_seconds(measured: Sequence[float], tokens_out: Sequence[int],
 async def run_direct(task: Task, env: Environment, policy: Policy, tools: Sequence[Tool],
                      cfg: EvalConfig) -> EpisodeRecord:
     """The policy is the orchestrator: it sees `tools` and calls them itself. Conversational
-    environments (tau2) get their simulated user, who opens the conversation."""
-    user = env.user_for(task)
-    start = task if user is None else await env.open(task, user)
-    played = await policy.episode(start, tools, config=cfg.episode, user=user)
-    traj = played.trajectory
-    outcome = await env.verify(task, traj)
-    seconds = turn_seconds(played.turn_seconds, [t.tokens_out for t in traj.turns], cfg)
+    environments (tau2) get their simulated user, who opens the conversation (`play_task`, as
+    in training: a failing episode is a failed record, outcome 0)."""
+    measured: list[float] = []
+
+    async def run(start: Task, tools: Sequence[Tool], user) -> Trajectory:
+        played = await policy.episode(start, tools, config=cfg.episode, user=user)
+        measured.extend(played.turn_seconds)
+        return played.trajectory
+
+    traj, outcome = await play_task(env, task, run, tools=tools)
+    seconds = turn_seconds(measured, [t.tokens_out for t in traj.turns], cfg)
     return record_from_trajectory(
         traj, outcome, task_set="", tool_names=tuple(t.spec.name for t in tools),
         preference=task.preference, turn_limit=cfg.episode.max_turns, turn_seconds=seconds,

@@ -10,20 +10,16 @@ sampler served on a loopback port (`orchestrax.rollout.server`).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
-import logging
 from typing import Any, Iterable
 
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment
+from orchestrax.envs.base import Environment, play_task
 from orchestrax.rollout.base import Sampler
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,28 +32,14 @@ class EpisodeJob:
 
 async def play(env: Environment, sampler: Sampler, codec: Codec, executor: ToolExecutor,
                job: EpisodeJob) -> tuple[Trajectory, float]:
-    """(trajectory, outcome) of one episode of `job.task`. Never raises except on cancellation:
-    an environment hook, the episode or the verifier failing makes a failed trajectory
-    (`end_reason="error"`, no answer, outcome 0.0) that the step's filters drop, so one bad
-    episode never aborts a training step."""
-    task, trajectory, tools = job.task, None, []
-    try:
-        user = env.user_for(task)
-        start = task if user is None else await env.open(task, user)  # the user speaks first
-        tools = env.tools(start)
-        trajectory = await run_episode(sampler, codec, start, tools,
-                                       config=job.episode, executor=executor, user=user)
-        return trajectory, float(await env.verify(task, trajectory))
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:
-        log.warning("episode of task %s failed", task.task_id, exc_info=True)
-        failed = trajectory if trajectory is not None else Trajectory(task_id=task.task_id)
-        failed.final_answer, failed.end_reason = None, "error"
-        failed.error = f"{type(e).__name__}: {e}"
-        return failed, 0.0
-    finally:
-        await asyncio.shield(env.release(tools))
+    """(trajectory, outcome) of one token-in/token-out episode of `job.task` (`play_task`:
+    never raises but on cancellation; a failure is a failed trajectory the step's filters
+    drop)."""
+    async def run(start: Task, tools, user) -> Trajectory:
+        return await run_episode(sampler, codec, start, tools, config=job.episode,
+                                 executor=executor, user=user)
+
+    return await play_task(env, job.task, run)
 
 
 def sum_counters(deltas: Iterable[dict[str, int]]) -> dict[str, int]:

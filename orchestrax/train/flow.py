@@ -15,13 +15,13 @@ Sub-agents are frozen: their tokens never enter the batch.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
 from orchestrax import registry, rl
+from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.subagent import (ROLES, OrchestratorConfig, SubAgentConfig,
                                        SubagentRollout, build_subagents, holdable, query_tools,
                                        run_query, thinking_flags)
@@ -196,13 +196,11 @@ class FlowRunner:
 
     async def rollout(self, tasks: Sequence[Task], group: int, sampling
                       ) -> tuple[list[list[SubagentRollout]], np.ndarray]:
-        gate = asyncio.Semaphore(self.cfg.rollout.max_in_flight)
-
         async def one(task):
-            async with gate:
-                return await self.play(task, sampling)
+            return await self.play(task, sampling)
 
-        played = await asyncio.gather(*(one(t) for t in tasks for _ in range(group)))
+        played = await fan_out(one, [t for t in tasks for _ in range(group)],
+                               max_in_flight=self.cfg.rollout.max_in_flight)
         rollouts = [p[0] for p in played]
         outcome = np.asarray([p[1] for p in played], np.float32).reshape(len(tasks), group)
         return [rollouts[i * group:(i + 1) * group] for i in range(len(tasks))], outcome

@@ -24,7 +24,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from orchestrax import models, parallel, registry, rl
-from orchestrax.agent.episode import Codec, EpisodeConfig, young_gc_threshold
+from orchestrax.agent.episode import Codec, EpisodeConfig
+from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
 from orchestrax.data.instances import prepare_instance  # issue 10: per-instance tools and P
@@ -354,15 +355,11 @@ class Trainer:
                 [self._worker_counters, *(counters for _, _, counters in played)])
             played = [(traj, outcome) for traj, outcome, _ in played]
         else:
-            gate = asyncio.Semaphore(self.cfg.rollout.max_in_flight)
-
             async def one(job):
-                async with gate:
-                    return await episodes.play(self.env, self.sampler, self.codec,
-                                               self.executor, job)
+                return await episodes.play(self.env, self.sampler, self.codec, self.executor,
+                                           job)
 
-            with young_gc_threshold():
-                played = await asyncio.gather(*(one(job) for job in jobs))
+            played = await fan_out(one, jobs, max_in_flight=self.cfg.rollout.max_in_flight)
         trajs = [traj for traj, _ in played]
         outcomes = np.asarray([outcome for _, outcome in played], np.float32)
         groups = [trajs[i * group:(i + 1) * group] for i in range(len(tasks))]

@@ -15,10 +15,11 @@ import numpy as np
 
 from orchestrax import models, registry
 from orchestrax.agent.episode import Codec, EpisodeConfig, run_episode
+from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.scripted import ScriptedSampler
 from orchestrax.models.hf_io import portable_tokenizer_config
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment
+from orchestrax.envs.base import Environment, play_task
 from orchestrax.rollout.base import SamplerConfig
 from orchestrax.train.config import TrainConfig
 
@@ -112,14 +113,17 @@ def demonstrations(env: Environment, tasks: Sequence[Task], tokenizer,
                                 max_new_tokens=cfg.rollout.max_new_tokens,
                                 enable_thinking=cfg.rollout.enable_thinking)
 
-    async def play(task: Task, turns: list[str]) -> Trajectory:
-        sampler = ScriptedSampler(tokenizer, turns=turns)
-        return await run_episode(sampler, tokenizer, task, env.tools(task), config=episode_cfg)
+    async def play(job: tuple[Task, list[str]]) -> Trajectory:
+        task, turns = job
 
-    async def play_all():
-        return await asyncio.gather(*(play(t, s) for t, s in zip(tasks, scripts)))
+        async def run(start: Task, tools, user) -> Trajectory:
+            return await run_episode(ScriptedSampler(tokenizer, turns=turns), tokenizer, start,
+                                     tools, config=episode_cfg, user=user)
 
-    demos = asyncio.run(play_all())
+        return (await play_task(env, task, run))[0]
+
+    demos = asyncio.run(fan_out(play, list(zip(tasks, scripts)),
+                                max_in_flight=cfg.rollout.max_in_flight))
     bad = [d for d in demos if d.end_reason != "answer"]
     if bad:
         raise RuntimeError(f"{len(bad)} demonstration episodes did not end with an answer "
