@@ -1,6 +1,6 @@
 """Hostile model output and tool output: nothing raises, the parser is linear, special-token text
 in tool output is never structure, format errors are counted per turn, and a failing episode
-becomes a failed trajectory (issue 13 part 4)."""
+becomes a failed trajectory."""
 
 from __future__ import annotations
 

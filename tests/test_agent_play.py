@@ -112,7 +112,7 @@ def test_a_failing_hook_is_a_failed_trajectory(env, reaches_episode):
     traj.check()
 
 
-# --- what a trajectory records for the trainer (issue 10 part 4) ---------------------------
+# --- what a trajectory records for the trainer ---------------------------
 
 class VersionedSampler(ScriptedSampler):
     """Reports `versions[k]` as the weight version of its k-th call, after `delay_s`."""

@@ -238,3 +238,12 @@ def test_the_construction_check_finds_a_construction():
              "orchestrax.train.x": ast.parse("env = Toy()\nsampler = make()"),
              REGISTRY: ast.parse("env = Toy()")}
     assert _constructions(trees) == [("orchestrax.train.x", "Toy"), ("orchestrax.train.x", "make")]
+
+
+def test_architecture_md_lists_every_package_with_what_it_may_import():
+    rows = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0] != "`package`":
+            rows[cells[0].strip("`")] = set() if cells[2] == "-" else set(cells[2].split(", "))
+    assert rows == ALLOWED

@@ -115,11 +115,11 @@ def test_a_new_env_and_sampler_backend_train_one_step_and_evaluate(tmp_path, reg
     assert [h["phase"] for h in history] == ["eval", "rl"]
     evaluation, step = history
     # Step-0 evaluation: 4 tasks x 1 sample, answered yes, no, yes, no.
-    assert evaluation["accuracy"] == 0.5 and evaluation["rollout_requests"] == 4
+    assert evaluation["accuracy"] == 0.5 and evaluation["rollout/requests"] == 4
     # The step: 4 tasks x 2 rollouts (8 rows: the 8-device mesh), one right and one wrong in
     # each group, all kept.
     assert step["accuracy"] == 0.5 and step["episodes"] == 8.0
-    assert step["rollout_requests"] == 8
+    assert step["rollout/requests"] == 8
     assert step["reward_mean"] == 0.5 and np.isfinite(step["loss"])
     # Published before the first rollout and after the update, as the trainer's global steps.
     assert sampler.published == ["0", "1"]

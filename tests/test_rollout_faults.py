@@ -1,4 +1,4 @@
-"""Rollout faults (issue 13.6): two real `orchestrax serve` processes behind fault-injecting
+"""Rollout faults: two real `orchestrax serve` processes behind fault-injecting
 proxies on loopback — one answers 500s, truncated JSON and a dropped connection, then is
 SIGKILLed mid-step; the other is slow. Every episode completes, every request has exactly one
 result, and the retries are counted. Tool timeouts, huge outputs and never-returning tools

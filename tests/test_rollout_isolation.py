@@ -1,4 +1,4 @@
-"""`orchestrax serve` isolates clients (issue 13.2): one request's bad value is its own 400 naming
+"""`orchestrax serve` isolates clients: one request's bad value is its own 400 naming
 the field and never touches its batch-mates; caps are checked before tokenising, tokenising runs
 off the event loop, a disconnected client's rows leave the batch, half-open connections are
 closed, the bearer token and the weight roots are enforced."""

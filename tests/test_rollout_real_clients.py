@@ -1,4 +1,4 @@
-"""The real clients (issue 10.6): the published `openai` client and the real `sglang-router` in
+"""The real clients: the published `openai` client and the real `sglang-router` in
 front of two `orchestrax serve --tiny` processes, on loopback."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SGLang client after a server restart (issue 13.6 follow-up), against real `orchestrax serve
+"""The SGLang client after a server restart, against real `orchestrax serve
 --tiny` processes on loopback.
 
 A server SIGKILLed and restarted between two weight syncs comes back on its start weights. The

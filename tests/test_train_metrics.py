@@ -97,17 +97,17 @@ def test_process_rows_sum_counters_and_average_the_rest():
     from the global batch, so both hold the same loss and policy_tokens."""
     from orchestrax.train.metrics import combine_process_rows
     a = {"phase": "rl", "step": 3, "episodes": 16.0, "episodes_failed": 1.0, "filter/kept": 12.0,
-         "filter/kept_fraction": 0.75, "flow/turn_samples": 40.0, "rollout_requests": 30.0,
+         "filter/kept_fraction": 0.75, "flow/turn_samples": 40.0, "rollout/requests": 30.0,
          "rollout/stale_trajectories": 0.0, "accuracy": 0.5, "tool_calls_mean": 2.0,
          "loss": 0.25, "policy_tokens": 900.0, "mix/tau2": 1.0}
     b = a | {"episodes_failed": 3.0, "filter/kept": 8.0, "filter/kept_fraction": 0.5,
-             "flow/turn_samples": 20.0, "rollout_requests": 34.0,
+             "flow/turn_samples": 20.0, "rollout/requests": 34.0,
              "rollout/stale_trajectories": 2.0, "accuracy": 0.25, "tool_calls_mean": 3.0}
     del b["mix/tau2"]  # a source this process drew no task from reports nothing
     row = combine_process_rows([a, b])
     assert row == {"phase": "rl", "step": 3, "episodes": 32.0, "episodes_failed": 4.0,
                    "filter/kept": 20.0, "filter/kept_fraction": 0.625,
-                   "flow/turn_samples": 60.0, "rollout_requests": 64.0,
+                   "flow/turn_samples": 60.0, "rollout/requests": 64.0,
                    "rollout/stale_trajectories": 2.0, "accuracy": 0.375,
                    "tool_calls_mean": 2.5, "loss": 0.25, "policy_tokens": 900.0,
                    "mix/tau2": 1.0}

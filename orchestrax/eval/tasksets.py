@@ -31,11 +31,9 @@ TAU2_DOMAINS = ("retail", "airline", "telecom")
 
 
 def data_dir() -> pathlib.Path:
-    """$ORCHESTRAX_DATA, else ../shared/data next to the repository."""
-    env = os.environ.get("ORCHESTRAX_DATA")
-    if env:
-        return pathlib.Path(env)
-    return pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+    """$ORCHESTRAX_DATA, else ../shared/data from the working directory (commands run from the
+    repository root); the package never looks for data relative to its own files."""
+    return pathlib.Path(os.environ.get("ORCHESTRAX_DATA") or "../shared/data")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

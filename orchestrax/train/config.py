@@ -25,8 +25,8 @@ from orchestrax.models.configs import REMAT_POLICIES
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.rollout.embedded import ENGINES
-from orchestrax.train.agent_config import AgentConfig  # sub-agent mode (issue 12)
-from orchestrax.data.instances import InstanceConfig  # per-instance tools, pricing, P (issue 10)
+from orchestrax.train.agent_config import AgentConfig
+from orchestrax.data.instances import InstanceConfig
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train import run_info
 from orchestrax.train.validate import check_fields
@@ -113,9 +113,8 @@ class TrainConfig:
     init_from: str | None = None
     # "direct" episodes, or the orchestrator + sub-agents trained with Flow-GRPO (train/flow.py)
     agent: AgentConfig = AgentConfig()
-    # --- issue 10: the orchestrator's tool set and what each instance randomises -------------
-    # Tools for QA and tau2 tasks (basic tools, LLM tools, pricing sheet), built by
-    # tools.catalog.build_catalog for training and `orchestrax eval --config` alike; None: none.
+    # The orchestrator's tools for env kinds that take a catalog (basic tools, LLM tools, pricing
+    # sheet), built by the registry for training and `orchestrax eval --config` alike; None: none.
     tools: CatalogConfig | None = None
     # Per training instance: a tool subset and training sheet (instances.randomize) and P with
     # its instruction from Pairs_train for tasks that have none.
@@ -135,7 +134,6 @@ class TrainConfig:
             if load_sheet(self.tools.sheet).split != "train":
                 raise ValueError(f"TrainConfig.tools.sheet={self.tools.sheet!r} is a held-out "
                                  "evaluation sheet; train on a training sheet")
-        # --- end issue 10 ------------------------------------------------------------------
         if (self.model is None) == (self.hf_path is None):
             raise ValueError("TrainConfig: set exactly one of model (random init) or hf_path "
                              f"(model={'set' if self.model else None}, hf_path={self.hf_path!r})")
@@ -169,7 +167,7 @@ class TrainConfig:
                 f"rollout.{field}={value}; training rollouts must sample the full softmax "
                 "(top_p=1.0, top_k=-1): the trainer scores tokens under the untruncated "
                 "distribution, so truncated sampling biases every ratio")
-        if self.agent.mode == "subagent" and self.rollout.workers:  # --- sub-agent mode
+        if self.agent.mode == "subagent" and self.rollout.workers:
             raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode='subagent'; "
                              "sub-agent rollouts run on the trainer's event loop (workers=0)")
 

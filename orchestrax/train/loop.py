@@ -28,7 +28,7 @@ from orchestrax.agent.episode import Codec, EpisodeConfig
 from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.pool import EpisodePool
-from orchestrax.data.instances import prepare_instance  # issue 10: per-instance tools and P
+from orchestrax.data.instances import prepare_instance
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
@@ -59,7 +59,7 @@ class Trainer:
         config.check_paths(cfg)
         self.env: Environment = setup.make_env(cfg)
         self.train_tasks: Sequence[Task] = self.env.tasks("train")
-        # issue 10: eval instances draw P from Pairs_eval, once per task (same every eval)
+        # Eval instances draw P from Pairs_eval, once per task (the same at every eval)
         self.eval_tasks: Sequence[Task] = [
             prepare_instance(t, self.env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
                              config=cfg.instances) for t in self.env.tasks("eval")]
@@ -111,7 +111,7 @@ class Trainer:
         self.sampler = registry.build_sampler(setup.sampler_config(cfg, self.out), self.model_cfg,
                                               self.state.params)
         self.executor = ToolExecutor()
-        # --- sub-agent mode (issue 12): orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
+        # Sub-agent mode: orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
         self.flow = (FlowRunner(cfg, self.env, self.codec, self.sampler,
                                 make_subagent_sampler(cfg, self.model_cfg, self.state.params),
                                 self.executor) if cfg.agent.mode == "subagent" else None)
@@ -256,7 +256,7 @@ class Trainer:
         bar = progress(cfg.steps, self.step, "GRPO")
         while self.step < cfg.steps:
             t0 = time.perf_counter()
-            # issue 10: each instance its own tool subset, sheet and P (Pairs_train), seeded
+            # Each instance its own tool subset, sheet and P (Pairs_train), seeded
             tasks = [prepare_instance(self.train_tasks[i], self.env, split="train",
                                       seed=instance_seed(cfg.seed, self.train_tasks[i].task_id,
                                                          self.step), config=cfg.instances)
@@ -398,7 +398,7 @@ class Trainer:
             return self.flow.make_batch(tasks, groups, outcome, setup.pad_id(self.codec))
         cfg = self.cfg
         for task in tasks:
-            if task.preference is None:  # issue 10: no silent outcome-only fallback
+            if task.preference is None:  # no silent outcome-only fallback
                 raise ValueError(f"task {task.task_id!r} has no preference vector; keep "
                                  "TrainConfig.instances.preferences=True or give tasks their P")
         # Tool-count columns are aligned by tool name across the instances' tool subsets.
@@ -454,7 +454,7 @@ class Trainer:
         embedded sampler on this event loop, which has no client."""
         total = episodes.sum_counters([self.sampler.take_counters(), self._worker_counters])
         self._worker_counters = {}
-        return {f"rollout_{k}": float(v) for k, v in total.items()}
+        return {f"rollout/{k}": float(v) for k, v in total.items()}
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
         # Multi-process: rollout stats are each process's own episodes; one row for the run.

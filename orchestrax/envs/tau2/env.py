@@ -58,13 +58,11 @@ class Tau2Env(Environment):
     def __init__(self, domain: Tau2Domain | str | pathlib.Path, *,
                  user_endpoint: ChatEndpoint | None = None, completeness: bool = True,
                  tools: Mapping[str, Tool] | None = None):
-        # --- telecom (owner: telecom engineer) ---
         self.domain = load_domain(domain) if isinstance(domain, (str, pathlib.Path)) else domain
         # dual control: each episode's CRM tools, phone-using user and verdict share a state
         self._telecom = EpisodeBook(self.domain) if isinstance(self.domain, TelecomDomain) else None
         own = ({f.name for f in self.domain.tool_functions("assistant")} if self._telecom
                else {t.spec.name for t in self.domain.tools()})
-        # --- end telecom ---
         self.catalog: dict[str, Tool] = dict(tools or {})
         clash = sorted(set(self.catalog) & own)
         if clash:
