@@ -4,8 +4,11 @@ in one log line; the optimizer moments are never read), and a TokenPolicy closes
 through the `Sampler` interface."""
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -19,6 +22,7 @@ from orchestrax import models, rl
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.policy import TokenPolicy, load_policy
 from orchestrax.rollout.base import Sampler
+from orchestrax.train import checkpoint
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.setup import write_model_card
 
@@ -103,6 +107,16 @@ def test_a_truncated_newest_step_falls_back_to_the_previous_one(tmp_path, caplog
     asyncio.run(policy.aclose())
 
 
+def _rewrite_manifest(step_dir: pathlib.Path) -> None:
+    """Recompute every file's size and SHA-256 in the step's manifest from what is on disk."""
+    manifest = step_dir / checkpoint.MANIFEST
+    files = json.loads(manifest.read_text())
+    for rel in files["files"]:
+        data = (step_dir / rel).read_bytes()
+        files["files"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest.write_text(json.dumps(files))
+
+
 def test_eval_reads_the_params_and_never_the_optimizer_moments(tmp_path, caplog):
     """Step 3's AdamW moments (mu, nu) zeroed on disk at their saved sizes: training's whole-state
     restore of the run falls back to step 2, eval loads step 3's params exactly and logs nothing,
@@ -111,6 +125,9 @@ def test_eval_reads_the_params_and_never_the_optimizer_moments(tmp_path, caplog)
     hit = _zero_chunks(run / "checkpoints" / "3" / "state", b"opt_state.")
     # mu and nu of the 8 matrices; the norms' few bytes sit inline in the index, not in a file
     assert {k.split(".")[3] for k in hit} == {"mu", "nu"} and len(hit) == 16
+    # Damage done before the step's manifest was written (the manifest vouches for it), so only
+    # reading the chunks can find it: eval must not read them.
+    _rewrite_manifest(run / "checkpoints" / "3")
     with caplog.at_level(logging.WARNING, logger="orchestrax"):
         policy = load_policy(str(run), max_len=64, max_batch=2)
     assert policy.sampler.weight_version == "3" and _our_warnings(caplog) == []

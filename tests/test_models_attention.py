@@ -16,7 +16,7 @@ from orchestrax.models.attention import attention
 
 
 def materialised_attention(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset=0,
-                           segment_ids_BT=None):
+                           segment_ids_BT=None, fused=None):
     """The model's attention before 2026-12-01 (main at 0d33131), with its [B, T, S] mask made
     from the same (kv_valid, q_offset) description, plus same-segment when segments are given."""
     b, t, n, h = q_BTNH.shape

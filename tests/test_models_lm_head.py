@@ -39,12 +39,27 @@ def _grad_hlo(cfg, params) -> str:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_compiled_lm_head_dots_are_bf16_in_and_f32_out(tie):
+    """On a GPU target the three head dots are bf16 x bf16 -> f32 (the CPU lowering keeps the
+    backward's operands f32: XLA:CPU has no bf16 x bf16 -> f32 dot kernel at run time)."""
     cfg = models.tiny_config(dtype="bfloat16", tie_embeddings=tie, num_layers=1)
-    dots = head_dots(_grad_hlo(cfg, models.init_params(cfg, seed=0)))
-    print("lm_head dots (result, operands, shape):", dots)
-    # forward logits [B·T, V], dh [B·T, D], dw [V, D] (or [D, V]): three, all bf16 x bf16 -> f32
+    params = models.init_params(cfg, seed=0)
+    dots = head_dots(_grad_hlo(cfg, params))
+    print("CPU lm_head dots (result, operands, shape):", dots)
+    # forward logits [B·T, V], dh [B·T, D], dw [V, D] (or [D, V])
     assert len(dots) == 3, dots
-    assert {(r, ops) for r, ops, _ in dots} == {("f32", ("bf16", "bf16"))}
+    assert sorted((r, ops) for r, ops, _ in dots) == [("f32", ("bf16", "bf16"))] + \
+        [("f32", ("f32", "f32"))] * 2
+    # The same gradient lowered for CUDA (jax.export lowers for a platform this box lacks).
+    tokens = jnp.zeros((2, 16), jnp.int32)
+    loss = lambda p: models.token_logprobs(cfg, p, tokens).sum()  # noqa: E731
+    mlir = jax.export.export(jax.jit(jax.grad(loss)), platforms=["cuda"])(params).mlir_module()
+    v = cfg.vocab_size
+    sigs = re.findall(r"stablehlo\.dot_general[^\n]*: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> "
+                      r"(tensor<[^>]*>)", mlir)
+    head = [sig for sig in sigs if any(f"x{v}x" in t or f"<{v}x" in t for t in sig)]
+    assert len(head) == 3, head
+    assert all(a.endswith("xbf16>") and b.endswith("xbf16>") and out.endswith("xf32>")
+               for a, b, out in head), head
 
 
 def _autodiff_logits(cfg, params, h):

@@ -96,6 +96,6 @@ def test_round_trip_is_exact(tmp_path):
     params = models.init_params(cfg, seed=3)
     models.save_hf(cfg, params, tmp_path)
     cfg2, params2 = models.load_hf(tmp_path)
-    assert cfg2.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=0) == \
-        cfg.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=0)
+    assert cfg2.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=1) == \
+        cfg.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=1)
     chex.assert_trees_all_equal(params, params2)

@@ -191,10 +191,17 @@ def _head_bwd(res, g_BTV):
     # 151,936-token vocabulary the two largest matmuls of the step. Both run in the compute
     # dtype with float32 accumulation instead; dw reaches fp32 masters without a bf16 rounding.
     h_BTD, w_DV = res
-    g = g_BTV.astype(h_BTD.dtype)
-    dh = jnp.einsum("BTV,DV->BTD", g, w_DV.astype(h_BTD.dtype), preferred_element_type=jnp.float32)
-    dw = jnp.einsum("BTD,BTV->DV", h_BTD, g, preferred_element_type=jnp.float32)
-    return dh.astype(h_BTD.dtype), dw.astype(w_DV.dtype)
+
+    def grads(dtype):
+        g, h, w = g_BTV.astype(dtype), h_BTD.astype(dtype), w_DV.astype(dtype)
+        dh = jnp.einsum("BTV,DV->BTD", g, w, preferred_element_type=jnp.float32)
+        dw = jnp.einsum("BTD,BTV->DV", h, g, preferred_element_type=jnp.float32)
+        return dh.astype(h_BTD.dtype), dw.astype(w_DV.dtype)
+
+    # XLA:CPU has no bf16 x bf16 -> f32 dot kernel ("Unsupported element type for DotThunk"), so
+    # the CPU lowering keeps float32 operands; a compile for a GPU target takes the bf16 branch.
+    return jax.lax.platform_dependent(cpu=lambda: grads(jnp.float32),
+                                      default=lambda: grads(h_BTD.dtype))
 
 
 _head.defvjp(_head_fwd, _head_bwd)
