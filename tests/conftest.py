@@ -19,3 +19,29 @@ def shared_data() -> pathlib.Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def readable_tmp():
+    """`readable_tmp("prefix")`: a fresh directory under /tmp that a sandbox's own uid can read
+    (pytest's tmp_path is private to root), removed at the end of the session. Call
+    `readable_tmp.open_up(path)` after writing into it: every directory 0o755, file 0o644."""
+    import shutil
+    import tempfile
+
+    made: list[pathlib.Path] = []
+
+    def open_up(root: pathlib.Path) -> pathlib.Path:
+        for p in (root, *root.rglob("*")):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        return root
+
+    def new(prefix: str) -> pathlib.Path:
+        root = pathlib.Path(tempfile.mkdtemp(prefix=f"orchestrax-{prefix}-", dir="/tmp"))
+        made.append(root)
+        return open_up(root)
+
+    new.open_up = open_up
+    yield new
+    for root in made:
+        shutil.rmtree(root, ignore_errors=True)

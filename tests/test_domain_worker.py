@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pathlib
 import shutil
-import tempfile
 
 import pytest
 
@@ -113,18 +111,13 @@ class EvilTools(ToolKitBase):
 
 
 @pytest.fixture(scope="module")
-def evil_folder():
-    # readable by the sandbox's own uid (pytest's tmp_path is private to root)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="orchestrax-evil-", dir="/tmp"))
-    folder = root / "evil"
+def evil_folder(readable_tmp):
+    folder = readable_tmp("evil") / "evil"
     folder.mkdir()
     (folder / "db.json").write_text(json.dumps({"notes": {"n1": {"text": "hello"}}}))
     (folder / "data_model.py").write_text(HOSTILE_MODEL)
     (folder / "tools.py").write_text(HOSTILE_TOOLS)
-    for p in (root, folder, *folder.iterdir()):
-        os.chmod(p, 0o755)
-    yield folder
-    shutil.rmtree(root)
+    return readable_tmp.open_up(folder)
 
 
 def _run(coro):

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -152,18 +151,14 @@ def respond(body: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def shop():
-    root = pathlib.Path(tempfile.mkdtemp(prefix="orchestrax-synth-", dir="/tmp"))
-    folder = root / "shop"
+def shop(readable_tmp):
+    folder = readable_tmp("synth") / "shop"
     folder.mkdir()
     (folder / "db.json").write_text(json.dumps(DB))
     (folder / "data_model.py").write_text(MODEL)
     (folder / "tools.py").write_text(TOOLS)
     (folder / "policy.md").write_text("Help the customer with the shop's items.")
-    for p in (root, folder, *folder.iterdir()):
-        os.chmod(p, 0o755)
-    yield folder
-    shutil.rmtree(root)
+    return readable_tmp.open_up(folder)
 
 
 @pytest.fixture
@@ -205,11 +200,11 @@ def _keys(out: pathlib.Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(shop, server,
-                                                                              tmp_path):
+def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
+        shop, server, tmp_path, readable_tmp):
     from orchestrax.cli import main as cli
 
-    out = pathlib.Path(tempfile.mkdtemp(prefix="orchestrax-synth-out-", dir="/tmp"))
+    out = readable_tmp("synth-out")
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
     # A run killed with SIGKILL once 3 calls were answered (the others wait on the server).
     server.pass_first, _ = 3, server.hold.set()
@@ -304,7 +299,6 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(sh
                 f"toolscale:{shop}:{out / 'tasks.json'}", "--out", str(tmp_path / "eval"),
                 "--no-progress", "--max-turns", "2", "--turn-sweep", "1", "--max-new-tokens",
                 "16", "--context-tokens", "2048", "--no-thinking"]) == 0
-    shutil.rmtree(out)
 
 
 def test_budget_stops_the_generator_before_the_next_paid_call(tmp_path, server):
@@ -329,7 +323,7 @@ def test_budget_stops_the_generator_before_the_next_paid_call(tmp_path, server):
     assert stats == {"calls": 2, "reused_calls": 1, "failed_calls": 0, "spent_usd": 0.0028}
 
 
-def test_domain_stage_writes_a_domain_that_loads_and_runs_its_tools(server):
+def test_domain_stage_writes_a_domain_that_loads_and_runs_its_tools(server, readable_tmp):
     """From a description: the scripted generator answers each step with the shop's files; the
     domain loads in the worker and every tool runs once on arguments drawn from its DB."""
     from orchestrax.synth.generator import Generator, GeneratorConfig
@@ -344,8 +338,7 @@ def test_domain_stage_writes_a_domain_that_loads_and_runs_its_tools(server):
              "Write policy.md": "```markdown\nBe kind.\n```"}
     server.respond = lambda body: next(v for k, v in files.items()
                                        if k in body["messages"][-1]["content"])
-    root = pathlib.Path(tempfile.mkdtemp(prefix="orchestrax-domain-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = readable_tmp("domain")
     cfg = GeneratorConfig(endpoint=ChatEndpoint(base_url=server.base_url, model="m"))
 
     async def go():
@@ -353,10 +346,7 @@ def test_domain_stage_writes_a_domain_that_loads_and_runs_its_tools(server):
             return await make_domain(gen, "shop", "A small shop.", root / "domains",
                                      WorkerConfig())
 
-    try:
-        row = asyncio.run(go())
-        assert (root / "domains" / "shop" / "policy.md").read_text() == "Be kind.\n"
-    finally:
-        shutil.rmtree(root)
+    row = asyncio.run(go())
+    assert (root / "domains" / "shop" / "policy.md").read_text() == "Be kind.\n"
     assert row["ok"] and row["tools"] == 4 and row["tools_ran"] == 4, row
     assert len(server.requests) == 5
