@@ -1,6 +1,7 @@
-"""Peak RSS of `orchestrax eval`'s `load_policy` on a training run directory: the params-only
-restore it does now (fp32, and cast to bf16 as read) vs the whole train state (params + AdamW
-moments + counters, then params kept) it did before, on the same run, each in a fresh process.
+"""Peak RSS of reading a training run's params through the one reader eval, serve and export use
+(`train.checkpoint.read_params`: params only, fp32 or cast to bf16 as read) vs restoring the whole
+train state (params + AdamW moments + counters, then params kept), on the same run, each in a
+fresh process.
 
     python bench/eval_restore.py                       # hidden 512, 8 layers, vocab 32k
     python bench/eval_restore.py --hidden 1024 --rounds 3
@@ -87,30 +88,24 @@ def _whole_state_params(checkpoints: pathlib.Path, param_dtype: str):
 
 
 def _child(mode: str, run: str) -> None:
-    import asyncio
     import jax
     import numpy as np
-    from orchestrax.eval import policy as policy_mod
-    if mode == "whole":
-        policy_mod._run_params = _whole_state_params
-    # What load_policy imports lazily, and the backend, are not the restore's memory.
-    import orbax.checkpoint  # noqa: F401
-    import orchestrax.rollout.embedded  # noqa: F401
-    from orchestrax import registry
-    registry.build_tokenizer(str(pathlib.Path(run) / "model"))
-    jax.devices()
+    from orchestrax.train import checkpoint
+    checkpoints = pathlib.Path(run).resolve() / "checkpoints"
+    jax.devices()  # the backend is not the restore's memory
     base = _status_mib("VmRSS")
     _reset_peak()
     t0 = time.perf_counter()
-    policy = policy_mod.load_policy(run, max_len=64, max_batch=1,
-                                    param_dtype="bfloat16" if mode == "bf16" else "float32")
+    if mode == "whole":
+        params, step = _whole_state_params(checkpoints, "float32")
+    else:
+        params, step, _ = checkpoint.read_params(
+            checkpoints, dtype="bfloat16" if mode == "bf16" else "float32")
     seconds = time.perf_counter() - t0
     peak = _status_mib("VmHWM")
-    checksum = float(sum(np.asarray(x, np.float64).sum()
-                         for x in jax.tree.leaves(policy.sampler.params)))
-    asyncio.run(policy.aclose())
+    checksum = float(sum(np.asarray(x, np.float64).sum() for x in jax.tree.leaves(params)))
     print(json.dumps({"base": base, "peak": peak, "seconds": seconds, "checksum": checksum,
-                      "version": policy.sampler.weight_version}))
+                      "version": str(step)}))
 
 
 def _measure(mode: str, run: pathlib.Path) -> dict:
@@ -149,7 +144,7 @@ def main() -> None:
     w, p, h = med["whole"], med["params"], med["bf16"]
     record(f"eval restore (CPU, Qwen3 hidden {args.hidden}, {args.layers} layers, vocab "
            f"{args.vocab}: {n / 1e6:.1f}M params, {4 * n / 2**20:.0f} MiB fp32; one AdamW "
-           f"state saved): load_policy peak RSS whole-state {w['peak']:.0f} MiB vs params-only "
+           f"state saved): read_params peak RSS whole-state {w['peak']:.0f} MiB vs params-only "
            f"{p['peak']:.0f} MiB = {p['peak'] / w['peak']:.2f}x; growth over the RSS "
            f"before the call {grow['whole']:.0f} vs {grow['params']:.0f} MiB = "
            f"{grow['params'] / grow['whole']:.2f}x; load time {w['seconds']:.2f} vs "

@@ -13,7 +13,8 @@ from orchestrax.train.arg_types import at_least, tokenizer_dir
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="SGLang-compatible HTTP server backed by the embedded sampler")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="HF safetensors directory (Qwen3 / Llama)")
+    src.add_argument("--model", help="HF safetensors directory (Qwen3 / Llama), or a training "
+                                      "run directory (its newest whole checkpoint)")
     src.add_argument("--tiny", action="store_true",
                      help="random tiny Qwen3 + tiny Qwen3-style tokenizer (tests, CPU demo)")
     p.add_argument("--tokenizer", type=tokenizer_dir, help="tokenizer directory (default: --model)")

@@ -18,10 +18,8 @@ import shutil
 import sys
 import tempfile
 
-import orbax.checkpoint as ocp
-
 from orchestrax import models
-from orchestrax.train import run_info
+from orchestrax.train import checkpoint, run_info
 
 
 class ExportError(Exception):
@@ -44,13 +42,10 @@ def export(run_dir: str, out_dir: str, *, step: int | None = None, dtype: str | 
         raise ExportError(f"OUT_DIR {dest} exists and is not empty; pass --overwrite to "
                           "replace it, or give a new directory")
     cfg = models.config_from_hf(json.loads((model_dir / "config.json").read_text()))
-    mngr = ocp.CheckpointManager(run.resolve() / "checkpoints")
-    step = mngr.latest_step() if step is None else step
-    if step is None:
-        raise ExportError(f"{run}/checkpoints holds no checkpoint; train first or pick another "
-                          "run dir")
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    params = restored["state"]["params"]
+    try:
+        params, step, _ = checkpoint.read_params(run.resolve() / "checkpoints", step=step)
+    except FileNotFoundError as e:
+        raise ExportError(f"{e}; train first or pick another run dir") from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     umask = os.umask(0)

@@ -223,3 +223,23 @@ def test_a_run_trained_over_8_devices_is_evaluated_on_one(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(run), str(len(tok))], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_serve_and_export_read_a_run_as_eval_does(tmp_path, caplog):
+    """One reader: `orchestrax serve --model RUN_DIR` and scripts/export_hf.py take the run's
+    newest whole checkpoint's params, and fall back past a corrupt newest step as eval does."""
+    import runpy
+    from orchestrax.cli import build_parser
+    from orchestrax.train.serve import build_state
+    run, cfg = _run_dir(tmp_path, (2, 3))
+    _zero_chunks(run / "checkpoints" / "3" / "state", b"params.embed/")
+    state = build_state(build_parser().parse_args(["serve", "--model", str(run),
+                                                   "--max-len", "64", "--max-batch", "2"]))
+    chex.assert_trees_all_equal(state.sampler.params, models.init_params(cfg, 2))
+    asyncio.run(state.sampler.aclose())
+    root = pathlib.Path(__file__).resolve().parents[1]
+    export = runpy.run_path(str(root / "scripts" / "export_hf.py"))["export"]
+    _, params = models.load_hf(export(str(run), str(tmp_path / "hf")))
+    chex.assert_trees_all_equal(params, models.init_params(cfg, 2))
+    _, params = models.load_hf(export(str(run), str(tmp_path / "hf3"), step=2))
+    chex.assert_trees_all_equal(params, models.init_params(cfg, 2))

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrax import models
 from orchestrax import registry
+from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.setup import write_model_card
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,9 +54,9 @@ def make_run(run: pathlib.Path, *, seed: int = 0, ends_at_im_end: bool = False):
     if ends_at_im_end:
         params = _params_that_end_at(cfg, params, tok.convert_tokens_to_ids("<|im_end|>"))
     write_model_card(run / "model", cfg, tok)
-    with ocp.CheckpointManager(run.resolve() / "checkpoints") as mngr:
-        mngr.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params})))
-        mngr.wait_until_finished()
+    ckpt = Checkpointer(run / "checkpoints", every=1)
+    ckpt.maybe_save(1, {"params": params}, {"phase": "rl", "step": 1}, force=True)
+    ckpt.close()
     return cfg, tok
 
 

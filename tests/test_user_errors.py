@@ -49,12 +49,12 @@ def test_tokenizer_dir_without_tokenizer_json_names_dir_and_file(capsys, tmp_pat
     assert str(tmp_path) in line and "tokenizer.json" in line and "--tokenizer" in line
 
 
-def test_serve_on_a_run_dir_says_export_it_first(capsys, tmp_path):
+def test_serve_on_a_run_dir_without_a_checkpoint_names_it(capsys, tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     (tmp_path / "checkpoints").mkdir()
     line = one_line_error(capsys, ["serve", "--model", str(tmp_path), "--port", "0"])
-    assert "training run dir" in line and "scripts/export_hf.py" in line
+    assert f"{tmp_path}/checkpoints holds no checkpoint" in line
 
 
 def test_serve_max_len_zero_names_the_flag(capsys):

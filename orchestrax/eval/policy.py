@@ -138,70 +138,16 @@ def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
     return registry.build_tokenizer(spec or str(fallback))
 
 
-def _run_params(checkpoints: pathlib.Path, param_dtype: str) -> tuple[Any, int]:
-    """(params, step) of a training run's newest whole checkpoint, restored by the trainer's own
-    `Checkpointer`, read-only: a corrupt newest step is named in one log line (step and file)
-    and the previous step restored, as when training resumes, but nothing in the run directory
-    is moved (eval may read a run that is still training). Only the `params` subtree of the
-    saved train state is read (the AdamW moments, twice the params' bytes, stay on disk), cast
-    to `param_dtype` as it is read."""
-    from orchestrax.train.checkpoint import Checkpointer
-    ckpt = Checkpointer(checkpoints, every=0, read_only=True)
-    try:
-        target = {"params": _saved_params_shapes(checkpoints, param_dtype)}
-        restored, _ = ckpt.restore(target, partial=True)
-        return restored["params"], ckpt.restored_step
-    finally:
-        ckpt.close()
-
-
-def _saved_params_shapes(checkpoints: pathlib.Path, param_dtype: str) -> Any:
-    """ShapeDtypeStructs (`param_dtype`, on this process's first device) of the train state's
-    `params`, from Orbax's metadata of the newest step whose metadata reads: eval has no model
-    tree to build them from, and every step of a run saves the same tree (the restore then checks
-    each step's files). Not the saved sharding: a run trained over a mesh of 8 devices is
-    evaluated where it is read, on one (the embedded sampler's device)."""
-    import jax
-    import orbax.checkpoint as ocp
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()),
-                   reverse=True)
-    if not steps:
-        raise FileNotFoundError(f"{checkpoints} holds no checkpoint")
-    errors = []
-    for step in steps:
-        handler = ocp.StandardCheckpointHandler()
-        try:
-            tree = handler.metadata(checkpoints / str(step) / "state")["params"]
-            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, param_dtype,
-                                                               sharding=device), tree)
-        except Exception as e:  # noqa: BLE001 -- an unreadable step; the restore names it
-            errors.append(f"step {step}: {type(e).__name__}: {e}")
-        finally:
-            handler.close()
-    raise FileNotFoundError(f"{checkpoints}: no step's train-state metadata reads: "
-                            + "; ".join(errors))
-
-
 def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
               max_batch: int, seed: int):
-    """(sampler, default tokenizer dir) for an HF directory or a training run directory."""
-    from orchestrax import models
-    if (path / "checkpoints").is_dir() and (path / "model" / "config.json").is_file():
-        cfg = models.config_from_hf(json.loads((path / "model" / "config.json").read_text()),
-                                    dtype=dtype, param_dtype=param_dtype)
-        params, step = _run_params(path.resolve() / "checkpoints", param_dtype)
-        tok_dir, version = path / "model", str(step)
-    elif (path / "config.json").is_file():
-        cfg, params = models.load_hf(path, dtype=dtype, param_dtype=param_dtype)
-        tok_dir, version = path, "hf"
-    else:
-        raise FileNotFoundError(f"policy {str(path)!r}: neither an HF directory (config.json) nor "
-                                "a training run directory (model/config.json + checkpoints/)")
+    """(sampler, default tokenizer dir) for an HF directory or a training run directory (its
+    newest whole checkpoint's params only, through the trainer's one reader)."""
+    from orchestrax.train.checkpoint import load_model
+    model = load_model(path, dtype=dtype, param_dtype=param_dtype, field="--policy")
     sampler = registry.build_sampler(SamplerConfig(
         backend="embedded", engine="static", max_batch=max_batch, max_len=max_len,
-        weight_version=version, seed=seed), cfg, params)
-    return sampler, tok_dir
+        weight_version=model.version, seed=seed), model.cfg, model.params)
+    return sampler, model.tokenizer_dir
 
 
 PARAM_DTYPES = ("float32", "bfloat16")   # what serve's --param-dtype offers

@@ -21,7 +21,8 @@ import json
 import logging
 import math
 import os
-from typing import Any, Callable
+import pathlib
+from typing import Any, Callable, NamedTuple
 
 import jax
 from etils import epath
@@ -52,6 +53,12 @@ class CorruptCheckpoint(Exception):
         self.step, self.file, self.why = step, file, why
 
 
+def _quiet_read_only(record: logging.LogRecord) -> bool:
+    """Drop Orbax's warning that a read-only manager is read-only: every eval and serve of a run
+    would print it before its own output."""
+    return not str(record.msg).startswith("Given directory is read only")
+
+
 class _Snapshot:
     """A grain iterator's state taken when `save` is called: Orbax may run grain's handler on
     its background thread, after the live iterator has moved on."""
@@ -79,6 +86,7 @@ class Checkpointer:
 
     def _manager(self) -> ocp.CheckpointManager:
         if self.read_only:  # the options a reader leaves at their defaults (Orbax warns else)
+            logging.getLogger("absl").addFilter(_quiet_read_only)
             return ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
                 read_only=True, save_interval_steps=0, create=False))
         return ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
@@ -256,6 +264,105 @@ class Checkpointer:
         """Wait for the last save to commit, then release Orbax's threads."""
         self._finish_pending()
         self._mngr.close()
+
+
+class SavedParams(NamedTuple):
+    params: Any
+    step: int               # the checkpoint step read
+    meta: dict[str, Any]    # its JSON sidecar (phase, step, metrics rows)
+
+
+def read_params(checkpoints: str | os.PathLike, *, like: Any = None, step: int | None = None,
+                dtype: str | None = None) -> SavedParams:
+    """The `params` of a run's saved train state, the one way eval, export, serve and `init_from`
+    read a run. Read-only: a corrupt newest step is named in one log line and the previous one
+    read, but nothing in the directory moves (the run may still be training). Only the params
+    subtree is read; the AdamW moments (twice the params' bytes) stay on disk.
+
+    `like`: params whose shapes, dtypes and shardings to restore onto (a trainer's mesh). Without
+    it, the saved shapes on this process's first device, cast to `dtype` as they are read
+    (default: as saved); not the saved sharding, so a run trained over 8 devices reads on one."""
+    ckpt = Checkpointer(checkpoints, every=0, read_only=True)
+    try:
+        target = abstract_like(like) if like is not None else _saved_params_like(
+            ckpt.directory, step, dtype)
+        restored, meta = ckpt.restore({"params": target}, step, partial=True)
+        return SavedParams(restored["params"], ckpt.restored_step, meta)
+    finally:
+        ckpt.close()
+
+
+def _saved_params_like(checkpoints: epath.Path, step: int | None, dtype: str | None) -> Any:
+    """ShapeDtypeStructs of the train state's `params` from Orbax's metadata of `step`, or of the
+    newest step whose metadata reads (every step of a run saves the same tree; the restore then
+    checks the chosen step's files)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    steps = [step] if step is not None else sorted(
+        (int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()), reverse=True)
+    if not steps:
+        raise FileNotFoundError(f"{checkpoints} holds no checkpoint")
+    errors = []
+    for s in steps:
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            tree = handler.metadata(checkpoints / str(s) / "state")["params"]
+            return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, dtype or m.dtype,
+                                                               sharding=device), tree)
+        except Exception as e:  # noqa: BLE001 -- an unreadable step; the restore names it
+            errors.append(f"step {s}: {type(e).__name__}: {_first_line(e)}")
+        finally:
+            handler.close()
+    raise FileNotFoundError(f"{checkpoints}: no step's train-state metadata reads: "
+                            + "; ".join(errors))
+
+
+def write_tree(path: epath.Path, tree: Any) -> None:
+    """Save a pytree that never changes once written (the KL reference) and wait for it."""
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(path, tree)
+    ckptr.wait_until_finished()
+    ckptr.close()
+
+
+def read_tree(path: epath.Path, like: Any) -> Any:
+    """A pytree `write_tree` saved, onto `like`'s shapes, dtypes and shardings."""
+    ckptr = ocp.StandardCheckpointer()
+    try:
+        return ckptr.restore(path, abstract_like(like))
+    finally:
+        ckptr.close()
+
+
+class Model(NamedTuple):
+    cfg: Any                  # models.ModelConfig
+    params: Any
+    tokenizer_dir: pathlib.Path
+    version: str              # the checkpoint step of a run, "hf" for an HF directory
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """A TrainConfig.out_dir: the model card in `model/` and Orbax steps in `checkpoints/`."""
+    path = pathlib.Path(path)
+    return (path / "checkpoints").is_dir() and (path / "model" / "config.json").is_file()
+
+
+def load_model(path: str | os.PathLike, *, dtype: str = "float32",
+               param_dtype: str = "float32", field: str = "model") -> Model:
+    """A model to sample from: an HF directory, or a training run directory's newest whole
+    checkpoint, computing in `dtype` with params held in `param_dtype`. `field` names the flag
+    or setting `path` came from in the error for a directory that is neither."""
+    from orchestrax import models
+    path = pathlib.Path(path)
+    if is_run_dir(path):
+        saved = read_params(path.resolve() / "checkpoints", dtype=param_dtype)
+        cfg = models.config_from_hf(json.loads((path / "model" / "config.json").read_text()),
+                                    dtype=dtype, param_dtype=param_dtype)
+        return Model(cfg, saved.params, path / "model", str(saved.step))
+    if (path / "config.json").is_file():
+        cfg, params = models.load_hf(path, dtype=dtype, param_dtype=param_dtype)
+        return Model(cfg, params, path, "hf")
+    raise FileNotFoundError(f"{field} {str(path)!r}: neither an HF directory (config.json) nor a "
+                            "training run directory (model/config.json + checkpoints/)")
 
 
 def _files(root: epath.Path) -> list[epath.Path]:

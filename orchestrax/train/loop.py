@@ -21,7 +21,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from orchestrax import models, parallel, registry, rl
 from orchestrax.agent.episode import Codec, EpisodeConfig
@@ -98,10 +97,9 @@ class Trainer:
         if cfg.resume and self.ckpt.latest_step is not None:
             keep_rows, resumed_at = self._resume()
         elif cfg.init_from is not None:
-            source = Checkpointer(run_info.out_path(cfg.init_from) / "checkpoints", every=0)
-            state, meta = source.restore(self.state)
-            source.close()
-            self.phase, self.step, self.state = "rl", 0, self.update.init(state.params)
+            params, _, meta = checkpoint.read_params(
+                run_info.out_path(cfg.init_from) / "checkpoints", like=self.state.params)
+            self.phase, self.step, self.state = "rl", 0, self.update.init(params)
             log.info("starting RL from %s (its %s step %d)", cfg.init_from, meta["phase"],
                      meta["step"])
         self.metrics = MetricsLog(self.local, keep_rows=keep_rows, resume_step=resumed_at,
@@ -300,7 +298,6 @@ class Trainer:
         if self.cfg.grpo.kl_coef <= 0:
             return
         path = self.out / "reference"  # absolute already; Orbax wants it so
-        ckptr = ocp.StandardCheckpointer()
         parallel.barrier("reference")  # every process sees the same answer to exists()
         # Frozen, so kept as the forward reads it (compute-dtype matrices): same logprobs as
         # the fp32 masters, half their memory.
@@ -310,11 +307,10 @@ class Trainer:
             like = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                                   sharding=p.sharding),
                                 like, self.state.params)
-            self.ref_params = ckptr.restore(path, like)
+            self.ref_params = checkpoint.read_tree(path, like)
         else:
             self.ref_params = models.compute_copy(self.model_cfg, self.state.params)
-            ckptr.save(path, self.ref_params)
-            ckptr.wait_until_finished()
+            checkpoint.write_tree(path, self.ref_params)
         g, dp = self.cfg.grpo, rl.data_parallel_degree(self.mesh, parallel.DEFAULT_RULES)[0]
 
         def ref(p, t, m):   # a micro-batch of rows a pass (the step's memory), >= 1 a device

@@ -18,6 +18,7 @@ from orchestrax import models, registry
 from orchestrax.rollout.base import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
+from orchestrax.train import checkpoint
 
 log = logging.getLogger("orchestrax.serve")
 
@@ -68,9 +69,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
         # fp32 init then one cast, as load_hf casts a checkpoint's tensors once.
         cfg, params = cfg.replace(param_dtype=pdt), jax.tree.map(lambda x: x.astype(pdt), params)
         model_path, tok_path = "tiny", None
-    else:
-        cfg, params = models.load_hf(args.model, dtype=args.dtype, param_dtype=pdt)
-        tok_path = args.tokenizer or args.model
+    else:  # an HF directory, or a run directory's newest whole checkpoint (trainer's reader)
+        model = checkpoint.load_model(args.model, dtype=args.dtype, param_dtype=pdt,
+                                      field="--model")
+        cfg, params = model.cfg, model.params
+        tok_path = args.tokenizer or str(model.tokenizer_dir)
         tokenizer = registry.build_tokenizer(tok_path)
         model_path, template = args.model, None
     sampler = registry.build_sampler(SamplerConfig(
