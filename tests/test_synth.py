@@ -247,6 +247,7 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
     assert [t["id"] for t in tasks] == ["shop_0", "shop_1", "shop_0_evolved"]
     steps = {t["id"]: len(t["evaluation_criteria"]["actions"]) for t in tasks}
     assert steps["shop_0_evolved"] > steps["shop_0"]
+    assert report["domains"]["shop"]["base"].pop("first_error").startswith("not JSON")
     assert report["domains"]["shop"]["base"] == {
         "tasks_in": 8, "kept": 2, "passed": {"well_formed": 7, "known_tools": 7, "executes": 6,
                                              "not_no_op": 5, "info_grounded": 4,
@@ -299,6 +300,22 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
                 f"toolscale:{shop}:{out / 'tasks.json'}", "--out", str(tmp_path / "eval"),
                 "--no-progress", "--max-turns", "2", "--turn-sweep", "1", "--max-new-tokens",
                 "16", "--context-tokens", "2048", "--no-thinking"]) == 0
+
+
+def test_a_generator_that_writes_no_json_keeps_nothing_and_says_so(shop, server, readable_tmp,
+                                                                  capsys):
+    """What a random-weights model gives (`orchestrax serve --tiny`): replies that are not JSON;
+    the run ends with exit code 4 and a summary naming the check, not a silent empty file."""
+    from orchestrax.cli import main as cli
+
+    server.respond = lambda body: "q#z\x07 ]]{ ok"
+    out = readable_tmp("synth-junk")
+    assert cli(_synth_argv(out, shop, server, "--tasks-per-domain", "3", "--no-evolve")) == 4
+    err = capsys.readouterr().err
+    assert "shop tasks: 3 in, well-formed 0 of 3, kept 0 of 3 (dropped at well_formed 3); " \
+           "first malformed reply: " in err
+    assert "kept 0 task(s); 3 generator call(s)" in err and "NO TASK KEPT" in err
+    assert json.loads((out / "tasks.json").read_text()) == []
 
 
 def test_budget_stops_the_generator_before_the_next_paid_call(tmp_path, server):

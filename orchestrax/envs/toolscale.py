@@ -17,6 +17,8 @@ import concurrent.futures
 import dataclasses
 import json
 import pathlib
+import threading
+import weakref
 from typing import Any, Mapping, Sequence
 
 from orchestrax.data.records import Task, Trajectory
@@ -26,7 +28,8 @@ from orchestrax.envs.tau2.verify import (Verdict, gold_actions, missing_info, tr
 from orchestrax.tools.base import Tool, ToolSpec
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.domain_worker import (DomainWorker, EpisodeTools, WorkerConfig,
-                                            WorkerFailed, WorkerState, WorkerTool, tool_specs)
+                                            WorkerFailed, WorkerGate, WorkerState, WorkerTool,
+                                            tool_specs)
 from orchestrax.tools.randomize import instance_tools
 
 
@@ -42,15 +45,72 @@ def read_tasks(path: str | pathlib.Path, domain: str | None = None) -> list[dict
     return [t for t in tasks if domain is None or t.get("domain", domain) == domain]
 
 
-def _run_in_thread(coro_fn):
-    """Run an async function to completion from sync code, inside a running loop or not."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro_fn()).result()
+class _Replayer:
+    """A domain's replay worker on an event loop of its own (a daemon thread), so replays may
+    be awaited from any loop: the trainer's, an evaluation's, each `asyncio.run` of a script.
+    Holds no reference to its `WorkerDomain`, whose finalizer calls `shutdown`."""
+
+    def __init__(self, folder: pathlib.Path, config: WorkerConfig):
+        self.folder, self.config = folder, config
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name=f"domain-{folder.name}")
+        self.thread.start()
+        self.worker: DomainWorker | None = None
+        self.lock: asyncio.Lock | None = None
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def describe(self) -> list[dict[str, Any]]:
+        worker = DomainWorker(self.folder, self.config)
+        try:
+            return await worker.start()
+        finally:
+            await worker.close()
+
+    async def replay(self, payload: list[dict[str, Any]]) -> tuple[WorkerState, list[dict]]:
+        if self.lock is None:  # made on the own loop, the only one that awaits it
+            self.lock = asyncio.Lock()
+        async with self.lock:
+            for attempt in range(2):
+                try:
+                    if self.worker is None or not self.worker.alive:
+                        self.worker = DomainWorker(self.folder, self.config)
+                        await self.worker.start()
+                    reply = await self.worker.request({"op": "replay", "actions": payload})
+                    if reply.get("ok"):
+                        return WorkerState.from_reply(reply), reply["outcomes"]
+                    raise WorkerFailed(f"replay refused: {reply.get('error')}")
+                except WorkerFailed:
+                    await self.worker.close()
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")
+
+    async def close_worker(self) -> None:
+        if self.worker is not None:
+            await self.worker.close()
+
+    def shutdown(self) -> None:
+        """End the worker and the loop's thread (from any other thread; from its own, only
+        scheduled)."""
+        if threading.current_thread() is self.thread:
+            self.submit(self.close_worker()).add_done_callback(
+                lambda _: self.loop.call_soon_threadsafe(self.loop.stop))
+            return
+        try:
+            self.submit(self.close_worker()).result(60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
 
 
 class WorkerDomain:
     """What the verifier and the env need of a worker-run domain: name, policy, tasks, splits,
-    tool specs, and `replay(actions)` on fresh DB copies."""
+    tool specs, and `replay(actions)` on fresh DB copies, awaitable from any event loop. The
+    replay worker lives as long as this object (or until `close()`; the next replay starts
+    another)."""
 
     def __init__(self, folder: str | pathlib.Path, tasks: str | pathlib.Path | None = None,
                  config: WorkerConfig = WorkerConfig()):
@@ -67,44 +127,22 @@ class WorkerDomain:
         ids = [t["id"] for t in self.tasks]
         self.splits = (json.loads(split_file.read_text()) if split_file.is_file()
                        else {"train": ids, "test": ids, "all": ids})
-        self.descriptions = _run_in_thread(self._describe)
+        self._replayer = _Replayer(self.folder, config)
+        # a run's environments are never closed explicitly: their replay worker (a sandboxed
+        # process holding a host uid) ends with them
+        weakref.finalize(self, self._replayer.shutdown)
+        self.descriptions = self._replayer.submit(self._replayer.describe()).result()
         self.specs: list[ToolSpec] = tool_specs(self.descriptions)
         self.functions = {s.name for s in self.specs}
-        self._replayer: DomainWorker | None = None
-        self._lock: asyncio.Lock | None = None
-
-    async def _describe(self) -> list[dict[str, Any]]:
-        worker = DomainWorker(self.folder, self.config)
-        try:
-            return await worker.start()
-        finally:
-            await worker.close()
 
     async def replay(self, actions: Sequence[dict[str, Any]]) -> tuple[WorkerState, list[dict]]:
         """(final state, per-action {"ok", "observation"}) of `actions` on a fresh DB. A worker
         that fails is replaced once; a second failure raises `WorkerFailed`."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         payload = [{"name": a.get("name"), "arguments": a.get("arguments") or {}} for a in actions]
-        async with self._lock:
-            for attempt in range(2):
-                try:
-                    if self._replayer is None or not self._replayer.alive:
-                        self._replayer = DomainWorker(self.folder, self.config)
-                        await self._replayer.start()
-                    reply = await self._replayer.request({"op": "replay", "actions": payload})
-                    if reply.get("ok"):
-                        return WorkerState.from_reply(reply), reply["outcomes"]
-                    raise WorkerFailed(f"replay refused: {reply.get('error')}")
-                except WorkerFailed:
-                    await self._replayer.close()
-                    if attempt:
-                        raise
-        raise AssertionError("unreachable")
+        return await asyncio.wrap_future(self._replayer.submit(self._replayer.replay(payload)))
 
     async def close(self) -> None:
-        if self._replayer is not None:
-            await self._replayer.close()
+        await asyncio.wrap_future(self._replayer.submit(self._replayer.close_worker()))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,11 +174,13 @@ class ToolScaleEnv(Tau2Env):
         self.completeness = completeness
         self._by_id = {t["id"]: t for t in self.domain.tasks}
         self._gold: dict[str, WorkerState] = {}
+        self.gate = WorkerGate(self.domain.config.max_live)
 
     def tools(self, task: Task) -> list[Tool]:
-        """The domain's tools on one fresh worker (started at the first call), then the
-        catalog or the instance's subset of it."""
-        episode = EpisodeTools(self.domain.folder, self.domain.specs, self.domain.config)
+        """The domain's tools on one fresh worker (started at the first call, once one of
+        `worker.max_live` slots is free), then the catalog or the instance's subset of it."""
+        episode = EpisodeTools(self.domain.folder, self.domain.specs, self.domain.config,
+                               self.gate)
         return [*episode.tools(), *instance_tools(self.catalog, task)]
 
     async def release(self, tools: Sequence[Tool]) -> None:

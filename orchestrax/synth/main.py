@@ -6,7 +6,8 @@ OpenAI-compatible generator.
         --model orchestrax --usd-per-m-input 0.15 --usd-per-m-output 0.6 --budget-usd 5
 
 Rerunning the same command resumes (finished stages are read back; paid calls come from the
-ledger `<out>/calls.jsonl`). Prints the report (also `<out>/report.json`).
+ledger `<out>/calls.jsonl`). Prints the report (also `<out>/report.json`) and, on stderr, a
+summary per domain; exits 4 when no task was kept (3: the budget stopped it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pathlib
 import sys
 
 from orchestrax.synth.generator import BudgetExhausted, Generator, GeneratorConfig
-from orchestrax.synth.pipeline import SynthConfig, run as run_pipeline
+from orchestrax.synth.pipeline import SynthConfig, run as run_pipeline, summary
 from orchestrax.tools.chat_client import ChatEndpoint
 
 
@@ -73,4 +74,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"synth stopped: {e}; rerun with a larger --budget-usd to resume", file=sys.stderr)
         return 3
     print(json.dumps(result, indent=1))
-    return 0
+    print(summary(result), file=sys.stderr)
+    return 0 if result["tasks_kept"] else 4

@@ -166,7 +166,7 @@ def _norm(text: str) -> str:
 async def verify(domain: WorkerDomain, rows: list[dict], seen: set[str]) -> list[dict]:
     """Each row with `checks` (the name of each check with whether it passed, in order, up to
     the first that failed) and `kept`; `seen`: canonical gold action lists kept so far."""
-    base, _ = await domain.replay([])
+    base = None  # the untouched DB's state, once a task gets that far
     kinds = {d["name"]: d.get("kind") for d in domain.descriptions}
     out = []
     for row in rows:
@@ -184,6 +184,8 @@ async def verify(domain: WorkerDomain, rows: list[dict], seen: set[str]) -> list
             state, outcomes = await domain.replay(actions)
             ok = passes("executes", all(o["ok"] for o in outcomes))
         if ok:
+            if base is None:
+                base, _ = await domain.replay([])
             writes = any(kinds[a["name"]] == "write" for a in actions)
             ok = passes("not_no_op", state.hash != base.hash if writes else bool(state.touched))
         if ok:
@@ -213,12 +215,40 @@ def _split(ids: list[str]) -> dict[str, list[str]]:
 
 
 def report(rows: list[dict]) -> dict[str, Any]:
-    """Tasks in, how many passed each check, how many were dropped at each, how many kept."""
+    """Tasks in, how many passed each check, how many were dropped at each, how many kept, and
+    the first malformed reply's error (if any)."""
     passed = collections.Counter(c for r in rows for c, ok in r["checks"].items() if ok)
     dropped = collections.Counter(c for r in rows for c, ok in r["checks"].items() if not ok)
-    return {"tasks_in": len(rows), "passed": {c: passed[c] for c in CHECKS if c in passed},
-            "dropped_at": {c: dropped[c] for c in CHECKS if c in dropped},
-            "kept": sum(r["kept"] for r in rows)}
+    out = {"tasks_in": len(rows), "passed": {c: passed[c] for c in CHECKS if c in passed},
+           "dropped_at": {c: dropped[c] for c in CHECKS if c in dropped},
+           "kept": sum(r["kept"] for r in rows)}
+    errors = [r["error"] for r in rows if r.get("error")]
+    return out | ({"first_error": errors[0]} if errors else {})
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line per domain and stage (`bank tasks: 4 in, well-formed 0 of 4, kept 0 ...`), then
+    the total; says plainly when nothing was kept."""
+    lines = []
+    for name, stages in result["domains"].items():
+        for stage, rep in (("tasks", stages["base"]), ("evolved", stages["evolved"])):
+            if not rep["tasks_in"]:
+                continue
+            n = rep["tasks_in"]
+            line = (f"{name} {stage}: {n} in, well-formed {rep['passed'].get('well_formed', 0)} "
+                    f"of {n}, kept {rep['kept']} of {n}")
+            if rep["dropped_at"]:
+                line += " (dropped at " + ", ".join(f"{c} {k}" for c, k in
+                                                   rep["dropped_at"].items()) + ")"
+            if rep.get("first_error"):
+                line += f"; first malformed reply: {rep['first_error'][:160]}"
+            lines.append(line)
+    kept = result["tasks_kept"]
+    lines.append(f"kept {kept} task(s); {result['calls']} generator call(s), "
+                 f"{result['reused_calls']} from the ledger, ${result['spent_usd']:.4f}"
+                 + ("" if kept else "; NO TASK KEPT: tasks.json is empty (a generator that "
+                    "cannot write JSON tasks, e.g. random weights, keeps none)"))
+    return "\n".join(lines)
 
 
 async def run(cfg: SynthConfig, gen: Generator) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 import pathlib
+import weakref
 from typing import Any
 
 from orchestrax.tools import domain_child
@@ -40,17 +41,24 @@ _PACKAGES = ("tau2", "pydantic", "pydantic_core", "loguru", "deepdiff", "addict"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """`sandbox`: the worker process's bounds (its CPU seconds cover the worker's whole life);
-    `call_timeout_s`: one request, `start_timeout_s`: start-up plus loading the domain."""
+    `call_timeout_s`: one request, `start_timeout_s`: start-up plus loading the domain;
+    `max_live`: episode workers alive at once per environment and process (an episode's first
+    call waits for a free one; with `rollout.workers` pool processes the host holds at most
+    workers x max_live, plus one replay worker per environment and process)."""
 
     sandbox: SandboxConfig = SandboxConfig(cpu_seconds=300, address_space_bytes=3 << 30,
                                            memory_bytes=1 << 30, wall_timeout_s=30.0)
     call_timeout_s: float = 10.0
     start_timeout_s: float = 60.0
+    max_live: int = 16
 
     def __post_init__(self):
-        for field in ("call_timeout_s", "start_timeout_s"):
+        for field in ("call_timeout_s", "start_timeout_s", "max_live"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"WorkerConfig.{field}={getattr(self, field)}; must be > 0")
+
+
+_CLOSING: set[asyncio.Future] = set()  # closes of cancelled workers still running
 
 
 class WorkerFailed(RuntimeError):
@@ -138,6 +146,14 @@ class DomainWorker:
                 why = "it answered something other than a reply object"
             else:
                 why = "it exited"
+        except asyncio.CancelledError:
+            # The reply may still come and would answer the next request: end this process (a
+            # caller's timeout cancelled us, e.g. the executor's); the next call starts afresh.
+            self._proc = None
+            closing = asyncio.ensure_future(proc.close())
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
+            raise
         except TimeoutError:
             why = f"no reply within {timeout:g} s"
         except (BrokenPipeError, ConnectionResetError):
@@ -192,25 +208,55 @@ class WorkerState:
 _BASE = object()  # an entry a state did not change: as in db.json
 
 
+class WorkerGate:
+    """At most `limit` episode workers alive at once: an episode takes a slot before its worker
+    first starts and holds it (through restarts) until it closes; an episode that finds none
+    free waits for one, rather than starting a sandbox the host has no room for. `live` and
+    `peak` count the slots held, now and at most."""
+
+    def __init__(self, limit: int):
+        self.limit, self.live, self.peak = limit, 0, 0
+        # asyncio primitives belong to one event loop; an environment may serve several in turn
+        self._slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    async def acquire(self) -> asyncio.Semaphore:
+        slots = self._slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.limit))
+        await slots.acquire()
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        return slots
+
+    def release(self, slots: asyncio.Semaphore) -> None:
+        self.live -= 1
+        slots.release()
+
+
 class EpisodeTools:
     """One episode's domain tools: `tools()` are `Tool`s sharing this worker and DB copy.
-    Started on the first call; `close()` when the episode ends."""
+    Started on the first call (after taking a slot of `gate`, if given); `close()` when the
+    episode ends."""
 
     def __init__(self, folder: str | pathlib.Path, specs: list[ToolSpec],
-                 config: WorkerConfig = WorkerConfig()):
+                 config: WorkerConfig = WorkerConfig(), gate: WorkerGate | None = None):
         self.worker = DomainWorker(folder, config)
         self.specs = {s.name: s for s in specs}
         self._done: list[dict[str, Any]] = []  # successful calls, replayed into a fresh worker
         self.failures = 0
+        self._gate, self._slot = gate, None
 
     def tools(self) -> list["WorkerTool"]:
         return [WorkerTool(self, spec) for spec in self.specs.values()]
+
+    async def _start(self) -> None:
+        if self._gate is not None and self._slot is None:
+            self._slot = await self._gate.acquire()
+        await self.worker.start()
 
     async def call(self, name: str, arguments: dict[str, Any]) -> tuple[bool, str]:
         action = {"name": name, "arguments": arguments}
         try:
             if not self.worker.alive:
-                await self.worker.start()
+                await self._start()
                 if self._done:
                     await self.worker.request({"op": "replay", "actions": self._done})
             reply = await self.worker.request({"op": "call", **action})
@@ -226,13 +272,18 @@ class EpisodeTools:
     async def state(self) -> WorkerState:
         """The episode's DB as it is now (a fresh worker replays the episode's calls first)."""
         if not self.worker.alive:
-            await self.worker.start()
+            await self._start()
             return WorkerState.from_reply(
                 await self.worker.request({"op": "replay", "actions": self._done}))
         return WorkerState.from_reply(await self.worker.request({"op": "state"}))
 
     async def close(self) -> None:
-        await self.worker.close()
+        try:
+            await self.worker.close()
+        finally:
+            slot, self._slot = self._slot, None
+            if slot is not None:
+                self._gate.release(slot)
 
 
 class WorkerTool:
