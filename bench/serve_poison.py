@@ -32,6 +32,7 @@ from orchestrax import models  # noqa: E402
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer  # noqa: E402
 from orchestrax.rollout.embedded import make_embedded_sampler  # noqa: E402
 from orchestrax.rollout.server import ServerState, bound_port, start  # noqa: E402
+from orchestrax.rollout.sglang_client import post_json  # noqa: E402
 
 DEEP = '{"input_ids": ' + "[" * 50_000 + "]" * 50_000 + "}"
 
@@ -67,22 +68,11 @@ def answer(path: str, out: dict):
     return out["output_ids"] if path == "/generate" else out["choices"][0]["message"]
 
 
-async def post(http, url, path, body):
-    data = body if isinstance(body, str) else json.dumps(body)
-    async with http.post(url + path, data=data,
-                         headers={"Content-Type": "application/json"}) as r:
-        text = await r.text()
-        try:
-            return r.status, json.loads(text)
-        except ValueError:
-            return r.status, text
-
-
 async def small_latency(http, url, n: int = 5) -> float:
     times = []
     for i in range(n):
         t0 = time.perf_counter()
-        await post(http, url, *good(2 * i))
+        await post_json(http, url + good(2 * i)[0], good(2 * i)[1])
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -101,13 +91,13 @@ async def main(args) -> dict:
             reference = {}
             for i in range(80):
                 path, body = good(i)
-                status, out = await post(http, url, path, body)
+                status, out = await post_json(http, url + path, body)
                 assert status == 200, out
                 reference[key(path, body)] = answer(path, out)
             idle = await small_latency(http, url)
             giant = {"input_ids": [[5, 6, 7, i % 50] for i in range(256)],
                      "sampling_params": {"max_new_tokens": 64, "temperature": 0.0}}
-            big = asyncio.create_task(post(http, url, "/generate", giant))
+            big = asyncio.create_task(post_json(http, url + "/generate", giant))
             while sampler.outstanding < 200:
                 await asyncio.sleep(0.01)
             loaded = await small_latency(http, url)
@@ -120,7 +110,7 @@ async def main(args) -> dict:
                 i = c
                 while time.monotonic() < deadline:
                     path, body = good(i)
-                    status, out = await post(http, url, path, body)
+                    status, out = await post_json(http, url + path, body)
                     stats["good"] += 1
                     if status != 200:
                         stats["lost"] += 1
@@ -132,12 +122,12 @@ async def main(args) -> dict:
                 i = 0
                 while time.monotonic() < deadline:
                     path, body = poison(i)
-                    status, _ = await post(http, url, path, body)
+                    status, _ = await post_json(http, url + path, body)
                     stats["poison"] += 1
                     stats["poison_4xx"] += 400 <= status < 500
                     if i % 50 == 49:
                         stats["giants"] += 1
-                        await post(http, url, "/generate", giant)
+                        await post_json(http, url + "/generate", giant)
                     i += 1
 
             t0 = time.monotonic()

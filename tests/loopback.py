@@ -15,6 +15,7 @@ from aiohttp import web
 
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.server import ServerState, bound_port, start
+from orchestrax.rollout.sglang_client import post_json
 
 Responder = Callable[[dict[str, Any]], "str | tuple[int, str]"]
 
@@ -106,6 +107,12 @@ def run_serve(make_state: Callable[[], ServerState],
         finally:
             await runner.cleanup()
     return asyncio.run(main())
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: Any, path: str = "/generate",
+               **kw: Any) -> tuple[int, Any]:
+    """(status, JSON or text) of POSTing `body` (a str or bytes as it is) to `url + path`."""
+    return await post_json(http, url + path, body, **kw)
 
 
 TOOL_RESPONSE_IDS = (10, 11, 12, 13)  # stands in for a tool response appended with loss mask 0

@@ -8,7 +8,7 @@ import json
 import threading
 
 import aiohttp
-from loopback import run_serve
+from loopback import post, run_serve
 
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
@@ -29,17 +29,6 @@ def run(fn, *, sampler_kw=None, **state_kw):
         return ServerState(**{"sampler": EmbeddedSampler(CFG, PARAMS, **kw), "model_path": "tiny",
                               "tokenizer": TOK} | state_kw)
     return run_serve(make_state, fn)
-
-
-async def post(http, url, body, path="/generate", **kw):
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    async with http.post(url + path, data=data, headers={"Content-Type": "application/json"},
-                         **kw) as r:
-        text = await r.text()
-        try:
-            return r.status, json.loads(text)
-        except ValueError:  # aiohttp's own 413 is plain text
-            return r.status, text
 
 
 def gen(sp, ids=PROMPT, **top):

@@ -8,9 +8,10 @@ import dataclasses
 import json
 import threading
 
+import aiohttp
 import numpy as np
 import pytest
-from loopback import run_serve
+from loopback import post, run_serve
 
 from orchestrax import cli, models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
@@ -33,17 +34,6 @@ MSGS = [{"role": "user", "content": "hi"}]
 def serve(engine, fn, **state_kw):
     return run_serve(lambda: ServerState(sampler=ENGINES[engine](), model_path="tiny",
                                          tokenizer=TOK, **state_kw), fn)
-
-
-async def post(http, url, body, path="/generate"):
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    async with http.post(url + path, data=data,
-                         headers={"Content-Type": "application/json"}) as r:
-        text = await r.text()
-        try:
-            return r.status, json.loads(text)
-        except ValueError:
-            return r.status, text
 
 
 def good_generate(i):
@@ -274,3 +264,69 @@ def test_a_giant_call_delays_a_small_one_by_a_bounded_number_of_turns(engine):
         return before_small
 
     assert asyncio.run(main()) <= 2 * 4 + 4
+
+
+def test_the_fair_queue_shares_by_peer_then_name_then_call():
+    q = FairQueue()
+    for i in range(6):   # one peer floods under six names, one call each
+        q.put_nowait(("a", i), ("10.0.0.1", f"name{i}", object()), 10)
+    for i in range(3):   # one call of three requests: they share that call's turn
+        q.put_nowait(("c", i), ("10.0.0.2", "", "call"), 10)
+    for i in range(3):
+        q.put_nowait(("b", i), ("10.0.0.2", "", object()), 10)
+    order = [q.get_nowait() for _ in range(len(q))]
+    # Peers alternate whatever the names; within 10.0.0.2 its four calls take turns.
+    assert [x for x, _ in order] == ["a", "c", "a", "b", "a", "b", "a", "b", "a", "c", "a", "c"]
+    assert [x for x in order if x[0] != "a"] == [("c", 0), ("b", 0), ("b", 1), ("b", 2),
+                                                  ("c", 1), ("c", 2)]
+    assert q.empty()
+
+
+def test_a_client_is_its_peer_and_its_name_not_its_http_calls():
+    """Twelve one-request HTTP calls of one named client are queued first, then three calls
+    under another name and three from a second peer address without a name; one slot serves
+    them in the fair queue's order. Keyed by HTTP call, all eleven waiting giant calls went
+    first; keyed by client, the six others are all served before the giant's fifth."""
+    served, gate = [], threading.Event()
+
+    def body(tag):
+        return {"input_ids": [tag, 5, 6], "sampling_params": {"max_new_tokens": 2,
+                                                              "temperature": 0.0}}
+
+    async def fn(http, url, st):
+        eng, sampler = st.sampler.engine, st.sampler
+        submit, step, enqueue = eng.submit, eng.step, sampler._enqueue
+        eng.submit = lambda r, on_tokens=None: (served.append(r.input_ids[0]),
+                                                submit(r, on_tokens))[1]
+        eng.step = lambda: (gate.wait(120), step())[1]   # until everything is queued
+        queued = {12: asyncio.Event(), 18: asyncio.Event()}
+
+        def counting(pendings, client=None):
+            enqueue(pendings, client)
+            if sampler.outstanding in queued:
+                queued[sampler.outstanding].set()
+        sampler._enqueue = counting
+        try:
+            giant = [asyncio.create_task(post(http, url, body(1),
+                                              headers={"X-Client-Id": "giant"}))
+                     for _ in range(12)]
+            await queued[12].wait()
+            peer = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+            async with aiohttp.ClientSession(connector=peer) as other:
+                rest = [*(post(http, url, body(2), headers={"X-Client-Id": "small"})
+                          for _ in range(3)), *(post(other, url, body(3)) for _ in range(3))]
+                rest = [asyncio.create_task(c) for c in rest]
+                await queued[18].wait()
+                gate.set()
+                return await asyncio.gather(*giant, *rest)
+        finally:
+            gate.set()
+
+    out = run_serve(lambda: ServerState(sampler=ContinuousSampler(
+        CFG, PARAMS, max_batch=1, max_len=32, prefill_chunk=16, decode_steps=2),
+        model_path="tiny", tokenizer=TOK), fn)
+    assert [s for s, _ in out] == [200] * 18
+    assert sorted(served) == [1] * 12 + [2] * 3 + [3] * 3
+    last_other = max(i for i, tag in enumerate(served) if tag != 1)
+    assert served[:last_other].count(1) <= 4, served
+

@@ -13,7 +13,8 @@ from aiohttp import web
 
 from orchestrax.rollout import openai_chat as oai
 from orchestrax.rollout.base import GenerateRequest
-from orchestrax.rollout.http_io import STATE, error, json_response, merge, read_json, sse
+from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
+                                        sse)
 from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
 
@@ -64,7 +65,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ProtocolError as e:
         return error(str(e))
     cid, model = oai.completion_id(), st.served_model_name
-    client = object()   # this call's turn in the sampler's fair queue
+    client = client_of(request)
 
     def token_text(tok: int) -> str:
         return st.tokenizer.decode([tok])

@@ -6,6 +6,10 @@ budget) of its requests already taken; `get` takes the head of the client with t
 one. A client that was idle resumes at the virtual time of the last request taken, so idling
 banks no credit. Hence a small request that arrives while a giant call has 1,000 requests
 queued is taken after at most one more of them, however many are queued.
+
+A client is a path, e.g. (peer address, the name it gives, its HTTP call): the same rule
+applies at every level, first across peers, then across the names within one peer, then across
+the calls of one name. A peer that names every request differently splits only its own share.
 """
 
 from __future__ import annotations
@@ -16,47 +20,68 @@ from typing import Any, Hashable
 
 
 class FairQueue:
-    """`put_nowait(item, client, cost)`; `get`/`get_nowait`/`empty` as `asyncio.Queue`'s."""
+    """`put_nowait(item, client, cost)`; `get`/`get_nowait`/`empty` as `asyncio.Queue`'s.
+    `client` is a key or a tuple of keys (a path, outermost first); every path under one key
+    has the same length."""
 
     def __init__(self):
-        self._queues: dict[Hashable, collections.deque] = {}   # insertion order breaks ties
+        # key -> a deque of (item, cost) (the path ends there) or the FairQueue below it;
+        # insertion order breaks ties
+        self._children: dict[Hashable, collections.deque | FairQueue] = {}
         self._vtime: dict[Hashable, float] = {}
         self._clock = 0.0
+        self._size = 0
         self._waiter: asyncio.Future | None = None
 
-    def put_nowait(self, item: Any, client: Hashable, cost: float) -> None:
-        if client not in self._queues:
-            self._queues[client] = collections.deque()
-            self._vtime[client] = max(self._vtime.get(client, 0.0), self._clock)
-        self._queues[client].append((item, cost))
+    def put_nowait(self, item: Any, client: Hashable | tuple, cost: float) -> None:
+        self._put(item, client if isinstance(client, tuple) else (client,), cost)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     def empty(self) -> bool:
-        return not self._queues
+        return self._size == 0
 
     def qsize(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._size
 
     def get_nowait(self) -> Any:
-        if not self._queues:
+        if not self._size:
             raise asyncio.QueueEmpty
-        client = min(self._queues, key=self._vtime.__getitem__)
-        queue = self._queues[client]
-        item, cost = queue.popleft()
-        self._clock = self._vtime[client]
-        self._vtime[client] += cost
-        if not queue:
-            del self._queues[client]
-            # Clients behind the clock would resume at the clock anyway: forget them, so
-            # per-call keys do not pile up.
-            for c in [c for c, v in self._vtime.items() if v <= self._clock
-                      and c not in self._queues]:
-                del self._vtime[c]
-        return item
+        return self._take()[0]
 
     async def get(self) -> Any:
-        while not self._queues:
+        while not self._size:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         return self.get_nowait()
+
+    def _put(self, item: Any, path: tuple, cost: float) -> None:
+        key, rest = path[0], path[1:]
+        if key not in self._children:
+            self._children[key] = FairQueue() if rest else collections.deque()
+            self._vtime[key] = max(self._vtime.get(key, 0.0), self._clock)
+        child = self._children[key]
+        if rest:
+            child._put(item, rest, cost)
+        else:
+            child.append((item, cost))
+        self._size += 1
+
+    def _take(self) -> tuple[Any, float]:
+        key = min(self._children, key=self._vtime.__getitem__)
+        child = self._children[key]
+        item, cost = child.popleft() if isinstance(child, collections.deque) else child._take()
+        self._clock = self._vtime[key]
+        self._vtime[key] += cost
+        self._size -= 1
+        if not len(child):
+            del self._children[key]
+            # Keys behind the clock would resume at the clock anyway: forget them, so
+            # per-call keys do not pile up.
+            for c in [c for c, v in self._vtime.items() if v <= self._clock
+                      and c not in self._children]:
+                del self._vtime[c]
+        return item, cost
+
+    def __len__(self) -> int:
+        return self._size

@@ -13,6 +13,19 @@ from orchestrax.rollout.runner import ServerState
 from orchestrax.rollout.validate import ProtocolError, json_depth_error
 
 STATE = web.AppKey("state", ServerState)
+CLIENT_HEADER = "X-Client-Id"
+MAX_CLIENT_NAME = 128   # characters of the header kept: a long name buys nothing
+
+
+def client_of(request: web.Request) -> tuple[str, str, object]:
+    """The sampler's fair-queue path of one HTTP call: (peer address, the name the
+    `X-Client-Id` header gives, this call). SGLang and OpenAI clients send no id of their own,
+    and a client's pool opens many connections, so the peer's address (not its port) is the
+    client; behind a router or proxy every call has that one address, so the header names
+    the clients there. A name only divides its peer's share (`rollout.fair`): a peer cannot
+    buy more turns by sending many names, nor by sending many rids."""
+    return (request.remote or "", request.headers.get(CLIENT_HEADER, "")[:MAX_CLIENT_NAME],
+            object())
 
 
 def error(message: str, status: int = 400) -> web.Response:

@@ -35,7 +35,8 @@ from orchestrax.rollout.base import GenerateRequest
 from orchestrax.rollout import rl_routes
 from orchestrax.rollout.chat_route import chat_completions, list_models
 from orchestrax.rollout.embedded import ContinuousSampler
-from orchestrax.rollout.http_io import STATE, error, json_response, merge, read_json, sse
+from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
+                                        sse)
 from orchestrax.rollout.protocol import parse_generate, result_to_json
 from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
@@ -70,7 +71,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except ProtocolError as e:
         return error(str(e))
     decode = st.decode if st.tokenizer is not None else None
-    client = object()   # this call's turn in the sampler's fair queue
+    client = client_of(request)
 
     def item_json(it, u: Update) -> dict[str, Any]:
         return result_to_json(u.result, return_logprob=it.return_logprob, rid=it.request.rid,

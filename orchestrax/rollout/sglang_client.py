@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import uuid
 from typing import Any, Sequence
@@ -32,6 +33,22 @@ from orchestrax.rollout.protocol import ProtocolError, request_to_json, result_f
 from orchestrax.rollout.weight_sync import WeightSync, write_version
 
 log = logging.getLogger(__name__)
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: Any, **kw: Any
+                    ) -> tuple[int, Any]:
+    """POST `body` (JSON-encoded unless already str or bytes, sent as they are) to `url` ->
+    (status, the answer's JSON, or its text when it is not JSON: aiohttp's own 413 is plain)."""
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}
+    async with session.post(url, data=data, headers=headers, **kw) as resp:
+        text = await resp.text()
+    if "json" in resp.headers.get("Content-Type", ""):
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            pass
+    return resp.status, text
 
 # What a server reports before any weight update: SGLang's `--weight-version` default, and
 # `orchestrax serve`'s. The trainer's versions are step numbers, so they never equal it.
@@ -234,10 +251,7 @@ class SGLangClient(Sampler):
 
     # --- health and weights --------------------------------------------------------------------
     async def _post(self, server: _Server, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        session = self._ensure_session()
-        async with session.post(f"{server.url}{path}", json=body) as resp:
-            ctype = resp.headers.get("Content-Type", "")
-            return resp.status, (await resp.json() if "json" in ctype else await resp.text())
+        return await post_json(self._ensure_session(), f"{server.url}{path}", body)
 
     async def _read_model_info(self, server: _Server) -> None:
         """Record the weight version and model path `/model_info` reports (SGLang's field names;
