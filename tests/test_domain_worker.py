@@ -105,6 +105,12 @@ class EvilTools(ToolKitBase):
             pass
 
     @is_tool(ToolType.READ)
+    def answer_late(self) -> str:
+        """Answer after two seconds."""
+        time.sleep(2)
+        return "late"
+
+    @is_tool(ToolType.READ)
     def crash(self) -> str:
         """Kill the worker process."""
         os._exit(3)
@@ -217,6 +223,13 @@ def test_hostile_domain_code_is_contained_and_the_episode_goes_on(evil_folder):
                 out[name] = f"raised: {e}"
             # after each hostile call the episode's DB still has its own earlier write
             out[name + "/after"] = (await tools["read_note"]({"note_id": "n2"})).observation
+        # a caller that gives up on a call (the executor's timeout) must not get its late reply
+        # as the answer to the next one
+        try:
+            await asyncio.wait_for(tools["answer_late"]({}), 0.5)
+        except TimeoutError:
+            pass
+        out["after_cancel"] = (await tools["read_note"]({"note_id": "n2"})).observation
         out["starts"] = ep.worker.starts
         state = await ep.state()
         out["changed"] = state.changed
@@ -234,7 +247,9 @@ def test_hostile_domain_code_is_contained_and_the_episode_goes_on(evil_folder):
     assert "exited" in out["crash"]
     assert all(out[k + "/after"] == "kept" for k in ("read_host_file", "phone_home", "fork",
                                                       "hog_memory", "spin", "crash")), out
-    assert out["starts"] == 3  # the first worker, then a fresh one after the hang, the crash
+    assert out["after_cancel"] == "kept"
+    # the first worker, then a fresh one after the hang, the crash and the cancelled call
+    assert out["starts"] == 4
     assert out["changed"] == {"notes": {"n2": {"text": "kept"}}}
     assert out["diff"] == [("notes", "n2")]  # against db.json
 
