@@ -15,6 +15,7 @@ Edit ENDPOINTS to move an LLM tool (e.g. GPT-5 to a local server): one line per 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 
 from orchestrax import models
@@ -61,15 +62,18 @@ USER = ("http://127.0.0.1:31000/v1", "Qwen3-32B")
 # --- the parts ----------------------------------------------------------------------------------
 def tools(endpoints: dict[str, tuple[str, str, str | None]] = ENDPOINTS, *,
           search_backend: str = "dense", search_titles: tuple[str, ...] | None = None,
-          web: bool = True, sandbox: SandboxConfig = SandboxConfig()) -> CatalogConfig:
+          web: bool = True, sandbox: SandboxConfig = SandboxConfig(),
+          llm_max_tokens: int = 1024) -> CatalogConfig:
     """Paper's tool set: code sandbox, local search (FAISS over an embedder; "bm25" where no
-    embedder), web search (Tavily; left out without its key), the LLM tools; priced by the
-    training sheet `train_list` (instances then draw from every training sheet)."""
+    embedder), web search (Tavily; left out without its key), the LLM tools (at most
+    `llm_max_tokens` a reply); priced by the training sheet `train_list` (instances then draw
+    from every training sheet)."""
     llms = []
     for name, role, model in LLM_TOOLS:
         url, served, key = endpoints[model]
         llms.append(LLMToolConfig(name=name, role=role, price_model=model, sandbox=sandbox,
-                                  chat=ChatEndpoint(base_url=url, model=served, api_key_env=key)))
+                                  chat=ChatEndpoint(base_url=url, model=served, api_key_env=key,
+                                                    max_tokens=llm_max_tokens)))
     return CatalogConfig(
         python=sandbox,
         search=SearchIndexConfig(corpus_path=str(DATA / "corpus" / "wiki_summaries_en.json"),
@@ -200,37 +204,47 @@ def config_tpu() -> TrainConfig:
                                                  sampler_max_batch=128))
 
 
-# The rehearsal's loopback ports: the sglang-router, the two rollout servers behind it, and one
-# `orchestrax serve --tiny` per LLM model (the user simulator included).
-REHEARSAL_ROUTER = 30500
-REHEARSAL_SERVERS = (30501, 30502)
-REHEARSAL_EXPERTS = {model: 31500 + i for i, model in enumerate([*ENDPOINTS, USER[1]])}
+# The rehearsal's loopback ports, from a base (ORCHESTRAX_REHEARSAL_PORT, default 30500) so
+# that two rehearsals on one machine can differ: two rollout servers, one per trainer process
+# (each process syncs weights to its own), and two `orchestrax serve --tiny` experts on a box
+# of two cores: the generalist LLMs and the user simulator on one, the specialists on the other.
+def rehearsal_ports() -> dict[str, int]:
+    base = int(os.environ.get("ORCHESTRAX_REHEARSAL_PORT", "30500"))
+    return {"rollout-0": base + 1, "rollout-1": base + 2, "generalists": base + 10,
+            "specialists": base + 11}
 
 
 def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
-    """The recipe at CPU size: a tiny random Qwen3 as 2 processes x 4 CPU devices, rollouts
-    through the router, every LLM tool and the tau2 user a tiny local server, BM25 over 200
-    passages of the Wikipedia corpus, one tau2 domain and two QA sets, a few SFT and GRPO steps."""
-    experts = {model: (f"http://127.0.0.1:{REHEARSAL_EXPERTS[model]}/v1", "default", None)
-               for model in ENDPOINTS}
-    user = (f"http://127.0.0.1:{REHEARSAL_EXPERTS[USER[1]]}/v1", "default")
+    """The recipe at CPU size, run by `orchestrax rehearse`: a tiny random Qwen3 as 2 processes x
+    4 CPU devices, each process's rollouts on its own loopback server, every LLM tool and the
+    tau2 user a tiny local server, BM25 over 200 passages of the Wikipedia corpus, one tau2
+    domain and two QA sets, a warm start long enough for the tiny policy to learn the tool-call
+    format (so that rollouts call tools), a few GRPO steps."""
+    ports = rehearsal_ports()
+    expert = {role: f"http://127.0.0.1:{ports[role]}/v1" for role in ("generalists", "specialists")}
+    experts = {model: (expert["specialists" if model.startswith("qwen2.5") else "generalists"],
+                       "default", None) for model in ENDPOINTS}
+    user = (expert["generalists"], "default")
     titles = tuple(sorted(_corpus_titles())[:200])
     return recipe(
         name="toolorchestra-rehearsal", hf_path=None, tokenizer="tiny", dtype="float32",
         remat="none",
-        model=models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64,
-                                 num_heads=2, num_kv_heads=1, head_dim=16),
+        model=models.tiny_config(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                 num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32),
         grpo=grpo(num_minibatches=2, num_microbatches=1, logprob_chunk=None),
-        sft_optim=OptimizerConfig(lr=1e-3, warmup_steps=0, schedule="constant", total_steps=100),
+        sft_optim=OptimizerConfig(lr=3e-3, warmup_steps=2, schedule="cosine", total_steps=16,
+                                  weight_decay=0.0),
         rollout=rollout(backend="sglang",
-                        server_urls=(f"http://127.0.0.1:{REHEARSAL_ROUTER}",) * 2,
-                        group_size=4, tasks_per_step=4, max_turns=3, context_tokens=4096,
-                        max_new_tokens=32, enable_thinking=False, max_in_flight=16,
+                        server_urls=tuple(f"http://127.0.0.1:{ports[f'rollout-{i}']}"
+                                          for i in range(2)),
+                        group_size=4, tasks_per_step=4, max_turns=3, context_tokens=12_288,
+                        max_new_tokens=48, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),
         env=mixture(user, tau2_domains=("retail",), qa_sets=("bamboogle_125", "aime_2024_2025")),
-        tools=tools(experts, search_backend="bm25", search_titles=titles, web=False),
-        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=4, sft_batch=8, steps=3,
-        out_dir=out_dir, checkpoint_every=1, eval_every=0)
+        tools=tools(experts, search_backend="bm25", search_titles=titles, web=False,
+                    llm_max_tokens=16),
+        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=16, sft_batch=8, steps=4,
+        out_dir=out_dir, checkpoint_every=2, eval_every=0, eval_tasks=8)
 
 
 def _corpus_titles() -> list[str]:

@@ -236,3 +236,28 @@ def test_packed_sft_step_on_a_2x4_mesh_matches_one_device(tmp_path):
     (s1, m1), (s8, m8) = out
     assert float(m1["loss"]) == pytest.approx(float(m8["loss"]), abs=1e-5)
     chex.assert_trees_all_close(s1.params, s8.params, atol=1e-5, rtol=0)
+
+
+def test_processes_read_a_partition_of_the_records(tmp_path):
+    """Each of 3 processes packs only its own records; over one epoch each reads its share
+    once, and the shares are disjoint and cover the files."""
+    n, seq_len = 20, 16
+    # One record fills one row (seq_len tokens), so rows come out in the shard's epoch order;
+    # the first token names the record.
+    records = [{"token_ids": [i + 1] * seq_len, "loss_mask": [1] * seq_len} for i in range(n)]
+    a = _write(tmp_path / "a.jsonl", records[:7])
+    b = _write(tmp_path / "b.jsonl", records[7:])
+    shares = []
+    for p in range(3):
+        it = iter(sft_batches([a, b], None, seq_len=seq_len, batch_size=1, seed=0,
+                              process_index=p, process_count=3))
+        size = len(range(p, n, 3))
+        epoch = [int(next(it)["tokens"][0, 0]) - 1 for _ in range(size)]
+        assert sorted(epoch) == list(range(p, n, 3)), p  # its own records, each once
+        shares.append(set(epoch))
+    assert set.union(*shares) == set(range(n)) and sum(map(len, shares)) == n
+    with pytest.raises(ValueError, match="process_index=3"):
+        sft_batches([a], None, seq_len=8, batch_size=1, seed=0, process_index=3, process_count=3)
+    with pytest.raises(ValueError, match="sft_batch=3 does not split evenly over 2"):
+        next(jsonl_batches([str(a)], None, seq_len=8, batch_size=3, seed=0, workers=0, start=0,
+                           process_count=2))

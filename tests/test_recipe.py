@@ -99,3 +99,44 @@ def test_bad_mixture_is_named():
             MixConfig(sources=sources)
     with pytest.raises(TypeError, match="'domain'"):
         Tau2Config()
+
+
+def test_mixture_is_epoch_correct_and_never_repeats_a_task_in_a_step():
+    """A source smaller than a few steps' share: within each of its epochs every task appears
+    at most once, no step holds a task twice, and each source's count stays within one task of
+    its share at every step."""
+    from orchestrax.data.tasks import mixture_stream
+    sizes, weights, per_step = (5, 3, 40), (0.5, 0.25, 0.25), 4
+    ds = mixture_stream(sizes, weights, per_step, seed=0)
+    offsets = np.cumsum([0, *sizes])
+    counts = np.zeros(3)
+    draws = {s: [] for s in range(3)}
+    for i in range(60):
+        step = ds[i].tolist()
+        assert len(step) == per_step and len(set(step)) == per_step, (i, step)
+        for t in step:
+            s = int(np.searchsorted(offsets, t, side="right") - 1)
+            counts[s] += 1
+            draws[s].append(t)
+        target = (i + 1) * per_step * np.asarray(weights) / sum(weights)
+        assert np.all(np.abs(counts - target) < 1 + 1e-9), (i, counts, target)
+    # Source 0 (5 tasks, 2 a step): epochs of 4 (two steps), then the remainder is skipped.
+    for e in range(0, len(draws[0]), 4):
+        assert len(set(draws[0][e:e + 4])) == 4
+    assert np.array_equal(ds[17], mixture_stream(sizes, weights, per_step, seed=0)[17])
+    with pytest.raises(ValueError, match="mixture source 1 has 1 tasks"):
+        mixture_stream((50, 1), (0.5, 0.5), 4, seed=0)[0]
+
+
+def test_each_rehearsal_process_syncs_weights_to_its_own_server(monkeypatch):
+    """Two trainer processes: each gets one rollout server of its own (and posts its weight
+    updates there); one URL shared by both processes, as a router would be, is refused."""
+    cfg = _load("toolorchestra.py:config_rehearsal")
+    monkeypatch.setattr(setup.jax, "process_count", lambda: 2)
+    shares = []
+    for i in range(2):
+        monkeypatch.setattr(setup.jax, "process_index", lambda i=i: i)
+        shares.append(setup.server_share(cfg.rollout.server_urls))
+    assert len(shares[0]) == len(shares[1]) == 1 and not set(shares[0]) & set(shares[1])
+    with pytest.raises(ValueError, match="repeats .*each URL must appear once"):
+        setup.server_share(("http://127.0.0.1:30500",) * 2)

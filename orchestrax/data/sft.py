@@ -121,11 +121,21 @@ class Tokenise:
 
 
 def sft_batches(paths: Sequence[str | os.PathLike], render: Callable | None, *, seq_len: int,
-                batch_size: int, seed: int, workers: int = 0) -> grain.IterDataset:
+                batch_size: int, seed: int, workers: int = 0, process_index: int = 0,
+                process_count: int = 1) -> grain.IterDataset:
     """Endless packed batches: tokens / loss_mask / segment_ids / positions, each [B, seq_len]
     (int32), plus attention_mask (segment_ids > 0). `workers` > 0 prefetches in that many grain
-    processes (call `absl.flags.FLAGS(sys.argv[:1])` first in a script)."""
-    ds = EpochShuffle(grain.MapDataset.source(JsonlSource(paths)), seed).map(
+    processes (call `absl.flags.FLAGS(sys.argv[:1])` first in a script). Several processes:
+    each reads and packs only its own records (record i goes to process i % process_count), so
+    the processes' epochs partition the data."""
+    records = grain.MapDataset.source(JsonlSource(paths))
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index}, process_count={process_count}; need "
+                         "0 <= process_index < process_count")
+    if len(records) < process_count:
+        raise ValueError(f"SFT data files {list(map(str, paths))} hold {len(records)} records "
+                         f"for {process_count} processes; each process needs at least one")
+    ds = EpochShuffle(records[process_index::process_count], seed).map(
         Tokenise(render, seq_len))
     lengths = {"tokens": seq_len, "loss_mask": seq_len}
     packed = grain.experimental.FirstFitPackIterDataset(

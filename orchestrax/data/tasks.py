@@ -11,6 +11,7 @@ saved in the Orbax checkpoint and restored exactly.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Sequence
 
 import grain
@@ -62,35 +63,87 @@ def task_stream(num_tasks: int, tasks_per_step: int, *, seed: int, process_index
     return EpochSteps(shard, per_step, seed)
 
 
-class EpochCycle(grain.MapDataset):
-    """Element k -> `values` reshuffled every epoch: element k % n of epoch k // n's
-    permutation (an endless, random-access stream of one task source)."""
+class MixtureSteps(grain.MapDataset):
+    """Step i -> int64 [per_step] task indices drawn from several sources (`shards[s]`, this
+    process's indices of source s) in proportion to `weights`.
 
-    def __init__(self, values: np.ndarray, seed: int):
+    Slots: each step's `per_step` slots go one at a time to the source furthest below its
+    running target (steps so far x per_step x its share), so every source's count stays within
+    one task of its share at every step. Tasks: each source is read epoch by epoch in a
+    per-epoch permutation; a step that needs more of a source than its epoch has left starts
+    that source's next epoch and skips the remainder (as `EpochSteps` does), so within an
+    epoch a source's tasks appear at most once and no step holds a task twice. Steps are a
+    pure function of (shards, weights, per_step, seed) and of nothing read earlier: computed in
+    order once and kept (a few bytes a step), so a restored iterator jumps straight to its
+    position.
+    """
+
+    def __init__(self, shards: Sequence[np.ndarray], weights: Sequence[float], per_step: int,
+                 seed: int):
         super().__init__()
-        self._n = len(values)
-        self._orders = EpochPermutations(np.asarray(values, np.int64), seed)
+        self._shards = [np.asarray(x, np.int64) for x in shards]
+        total = float(sum(weights))
+        self._share = np.asarray(weights, np.float64) / total
+        self._per_step = per_step
+        for s, (shard, share) in enumerate(zip(self._shards, self._share)):
+            most = int(np.floor(per_step * share)) + 1  # the most slots one step gives s
+            if len(shard) < min(most, per_step):
+                raise ValueError(f"mixture source {s} has {len(shard)} tasks for this process "
+                                 f"but a step can take up to {min(most, per_step)} of them; "
+                                 "lower its weight or rollout.tasks_per_step, or add tasks")
+        self._orders = [EpochPermutations(x, seed * 1009 + s) for s, x in enumerate(self._shards)]
+        self._lock = threading.Lock()
+        self._steps: list[np.ndarray] = []
+        self._taken = np.zeros(len(self._shards))               # slots given to each source
+        self._where = [(0, 0) for _ in self._shards]            # (epoch, position) per source
 
     def __len__(self) -> int:
         return sys.maxsize
 
     def __str__(self) -> str:
-        return f"EpochCycle(n={self._n})"
+        return f"MixtureSteps(per_step={self._per_step}, shards={[len(x) for x in self._shards]})"
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
-        epoch, k = divmod(index, self._n)
-        return int(self._orders(epoch)[k])
+        with self._lock:
+            while len(self._steps) <= index:
+                self._steps.append(self._next_step())
+            return self._steps[index].copy()
+
+    def _next_step(self) -> np.ndarray:
+        target = (len(self._steps) + 1) * self._per_step * self._share
+        counts = np.zeros(len(self._shards), np.int64)
+        for _ in range(self._per_step):
+            s = int(np.argmax(target - self._taken - counts))  # ties: the first source
+            counts[s] += 1
+        self._taken += counts
+        out = []
+        for s, c in enumerate(counts):
+            epoch, pos = self._where[s]
+            if pos + c > len(self._shards[s]):  # the epoch's remainder is too short: skip it
+                epoch, pos = epoch + 1, 0
+            out.append(self._orders[s](epoch)[pos:pos + c])
+            self._where[s] = (epoch, pos + int(c))
+        return np.concatenate(out)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_lock")
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 def mixture_stream(sizes: Sequence[int], weights: Sequence[float], tasks_per_step: int, *,
                    seed: int, process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
     """Per-step task indices for this process from several task sources laid end to end (source
-    s holds indices offset_s .. offset_s + sizes[s] - 1): grain's weighted mix of one endless
-    reshuffled stream per source, so over any run of steps source s fills a `weights[s]` /
-    sum(weights) share of the slots. Each process draws from its own shard of every source. A
-    source smaller than its share of a step repeats tasks within that step."""
+    s holds indices offset_s .. offset_s + sizes[s] - 1), each source's `weights[s]` /
+    sum(weights) share of every step's slots (`MixtureSteps`: within one task of the share at
+    every step, each task at most once per epoch of its source, never twice in a step). Each
+    process draws from its own shard of every source."""
     if len(sizes) != len(weights) or not sizes:
         raise ValueError(f"mixture: {len(sizes)} sources but {len(weights)} weights")
     if any(w <= 0 for w in weights):
@@ -99,12 +152,11 @@ def mixture_stream(sizes: Sequence[int], weights: Sequence[float], tasks_per_ste
         raise ValueError(f"rollout.tasks_per_step={tasks_per_step} does not split evenly over "
                          f"{process_count} processes; use a multiple of {process_count}")
     offsets = np.cumsum([0, *sizes])
-    parents = []
+    shards = []
     for s, n in enumerate(sizes):
         shard = np.arange(offsets[s], offsets[s] + n)[process_index::process_count]
         if not len(shard):
             raise ValueError(f"mixture source {s} has {n} tasks: none for process "
                              f"{process_index} of {process_count}")
-        parents.append(EpochCycle(shard, seed * 1009 + s))
-    mixed = grain.MapDataset.mix(parents, list(map(float, weights)))
-    return mixed.batch(tasks_per_step // process_count)
+        shards.append(shard)
+    return MixtureSteps(shards, list(map(float, weights)), tasks_per_step // process_count, seed)

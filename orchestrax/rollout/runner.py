@@ -34,6 +34,7 @@ class ServerState:
     api_key: str | None = None             # when set, every route but /health needs the bearer
     weight_roots: tuple[str, ...] = ()     # update_weights_from_disk loads only below these
     weight_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    weight_updates: int = 0                # successful update_weights_from_disk calls
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -155,6 +155,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         new_version = str(version) if version is not None else st.sampler.weight_version
         st.sampler.set_params(params, weight_version=new_version)
         st.model_path = path
+        st.weight_updates += 1
     message = "Succeeded to update model weights."
     if version is not None:
         message += f" Weight version updated to {version}."
@@ -177,7 +178,8 @@ async def server_info(request: web.Request) -> web.Response:
         "served_model_name": st.served_model_name, "weight_version": s.weight_version,
         "context_length": s.max_len, "max_running_requests": s.max_batch,
         "engine": "continuous" if isinstance(s, ContinuousSampler) else "static",
-        "internal_states": [{"outstanding_requests": s.outstanding, **s.stats}],
+        "internal_states": [{"outstanding_requests": s.outstanding, **s.stats,
+                             "weight_updates": st.weight_updates}],
         "limits": dataclasses.asdict(st.limits), "version": "orchestrax",
     })
 

@@ -107,6 +107,7 @@ class TrainConfig:
     eval_every: int = 10
     eval_samples: int = 1                   # episodes per eval task
     eval_temperature: float = 0.0           # 0: greedy
+    eval_tasks: int | None = None           # at most this many, spread over the eval split
     resume: bool = True
     # Start from another run's newest checkpoint (e.g. a warm-start run) instead of `model` or
     # `hf_path` weights; its params are taken, its optimizer state is not. Ignored on resume.
@@ -143,6 +144,9 @@ class TrainConfig:
                              "score tokens at the temperature the sampler drew them at")
         at_least(self, 0, "sft_steps", "steps", "checkpoint_every", "eval_every", "sft_workers")
         at_least(self, 1, "sft_batch", "eval_samples")
+        if self.eval_tasks is not None and self.eval_tasks < 1:
+            raise ValueError(f"TrainConfig.eval_tasks={self.eval_tasks}; must be >= 1 or None "
+                             "(the whole eval split)")
         if self.eval_temperature < 0:
             raise ValueError(f"TrainConfig.eval_temperature={self.eval_temperature}; must be >= 0 "
                              "(0 is greedy)")

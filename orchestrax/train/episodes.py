@@ -51,6 +51,18 @@ def sum_counters(deltas: Iterable[dict[str, int]]) -> dict[str, int]:
     return dict(total)
 
 
+def tool_totals(trajectories: Iterable[Trajectory]) -> dict[str, float]:
+    """Calls and dollars per tool over `trajectories` (failed calls counted, at what they
+    cost): `tools/<name>/calls`, `tools/<name>/cost_usd`."""
+    out: dict[str, float] = {}
+    for traj in trajectories:
+        for call in traj.tool_calls:
+            out[f"tools/{call.name}/calls"] = out.get(f"tools/{call.name}/calls", 0.0) + 1
+            key = f"tools/{call.name}/cost_usd"
+            out[key] = out.get(key, 0.0) + float(call.cost)
+    return out
+
+
 def drop_stale(trajectories: Iterable[Trajectory], version: str) -> dict[str, float]:
     """Fail every trajectory with a turn the sampler reported from weights other than `version`
     (a server whose weight sync failed keeps serving the old policy): its tokens would train on

@@ -63,6 +63,10 @@ class Trainer:
             prepare_instance(t, self.env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
                              config=cfg.instances) for t in self.env.tasks("eval")]
         config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
+        if cfg.eval_tasks is not None and cfg.eval_tasks < len(self.eval_tasks):
+            # Evenly spaced, so a mixture's sources (laid end to end) all stay in.
+            pick = np.linspace(0, len(self.eval_tasks) - 1, cfg.eval_tasks).round().astype(int)
+            self.eval_tasks = [self.eval_tasks[i] for i in pick]
         # Multi-process: each process evaluates its own share (eval rows average the shares).
         self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
@@ -212,16 +216,19 @@ class Trainer:
         history = []
         shape = dict(seq_len=cfg.rollout.context_tokens, batch_size=cfg.sft_batch, seed=cfg.seed,
                      start=self.step)
-        if cfg.sft_data:  # JSONL trajectories through grain, packed
+        if cfg.sft_data:  # JSONL trajectories through grain, packed; each process its share
             batches = warmstart.jsonl_batches(cfg.sft_data, self.codec, workers=cfg.sft_workers,
-                                              **shape)
-        else:
+                                              process_index=jax.process_index(),
+                                              process_count=jax.process_count(), **shape)
+            place = batching.from_process_rows
+        else:  # the same batch on every process: each places its devices' rows
             demos = setup.demonstrations(self.env, self.train_tasks, self.tokenizer, cfg)
             batches = warmstart.demo_batches(demos, pad_id=setup.pad_id(self.codec), **shape)
+            place = batching.from_global_rows
         bar = progress(cfg.sft_steps, self.step, "warm start")
         while self.step < cfg.sft_steps:
-            batch = next(batches)  # the same on every process: each places its devices' rows
-            self.state, metrics = sft.step(self.state, batching.from_global_rows(
+            batch = next(batches)
+            self.state, metrics = sft.step(self.state, place(
                 batch, rl.batch_shardings(batch, self.mesh)))
             self._stop_if_broken(metrics)
             self.step += 1
@@ -422,7 +429,7 @@ class Trainer:
                  # Every episode comes back, as a trajectory or as a failed one (never lost).
                  "episodes": float(len(flat)),
                  "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
-        stats |= _floats(counters) | self.env.stats(tasks, groups)
+        stats |= _floats(counters) | self.env.stats(tasks, groups) | episodes.tool_totals(flat)
         return batch, stats
 
     async def _publish_weights(self) -> None:
@@ -441,7 +448,8 @@ class Trainer:
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
                "latency_mean": float(np.mean([clock(tr) for tr in flat]))}
-        return row | self.env.stats(tasks, groups) | self._sampler_counters()
+        return (row | self.env.stats(tasks, groups) | episodes.tool_totals(flat)
+                | self._sampler_counters())
 
     def _sampler_counters(self) -> dict[str, float]:
         """Sampler requests, retries and failed requests since the previous row (a step's or an

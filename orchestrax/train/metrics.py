@@ -26,7 +26,8 @@ COUNTERS = frozenset({"episodes", "episodes_failed", "filter/format_dropped",
                       "filter/invalid_dropped", "filter/homogeneous_groups",
                       "filter/homogeneous_dropped", "filter/kept", "flow/turn_samples",
                       "flow/dropped_over_budget"})
-COUNTER_PREFIXES = ("rollout/",)  # sampler counters, stale-weight drops
+COUNTER_PREFIXES = ("rollout/", "tools/")  # sampler counters, stale-weight drops, tool calls
+                                         # and dollars per tool
 IDENTITY = ("phase", "step")  # which row this is: the same on every process
 
 

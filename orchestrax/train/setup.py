@@ -83,6 +83,13 @@ def server_share(urls: Sequence[str]) -> tuple[str, ...]:
     if len(urls) < n:
         raise ValueError(f"rollout.server_urls has {len(urls)} servers for {n} trainer "
                          f"processes; give at least one server per process")
+    repeated = sorted({u for u in urls if urls.count(u) > 1})
+    if n > 1 and repeated:
+        # Each process posts every weight update to its own share: a URL in two shares (one
+        # router for all) would get each update from every process.
+        raise ValueError(f"rollout.server_urls repeats {repeated}; with {n} trainer processes "
+                         "each URL must appear once (give the servers themselves, not one "
+                         "router URL per process)")
     return tuple(urls[i::n])
 
 

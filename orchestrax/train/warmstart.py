@@ -53,16 +53,21 @@ class ConversationRenderer:
 
 
 def jsonl_batches(paths: Sequence[str], codec: Any, *, seq_len: int, batch_size: int,
-                  seed: int, workers: int, start: int) -> Iterator[dict[str, np.ndarray]]:
-    """The train step's packed SFT batches ([B, seq_len] tokens / attention_mask / loss_mask /
-    segment_ids / positions) from JSONL files, skipping the `start` batches a resumed run has
-    already trained on."""
+                  seed: int, workers: int, start: int, process_index: int = 0,
+                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """This process's rows of the train step's packed SFT batches ([B / process_count, seq_len]
+    tokens / attention_mask / loss_mask / segment_ids / positions) from its own share of the
+    JSONL records, skipping the `start` batches a resumed run has already trained on."""
+    if batch_size % process_count:
+        raise ValueError(f"sft_batch={batch_size} does not split evenly over {process_count} "
+                         f"processes; use a multiple of {process_count}")
     if workers:
         import absl.flags  # grain's worker processes read absl flags
         if not absl.flags.FLAGS.is_parsed():
             absl.flags.FLAGS(["orchestrax"])
     it = iter(sft_batches(paths, ConversationRenderer(codec), seq_len=seq_len,
-                          batch_size=batch_size, seed=seed, workers=workers))
+                          batch_size=batch_size // process_count, seed=seed, workers=workers,
+                          process_index=process_index, process_count=process_count))
     for _ in range(start):
         next(it)
     for batch in it:
