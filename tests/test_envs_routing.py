@@ -287,3 +287,16 @@ def test_preferred_share_counts_calls_and_the_rate_counts_episodes():
     assert stats["preferred_tool_rate_cost"] == 0.5
     assert stats["preferred_share_latency"] == 0.0 and stats["preferred_tool_rate_latency"] == 0.0
     assert stats["tool_share_lookup_cheap"] == 0.5 and stats["tool_calls_mean"] == 1.0
+
+
+def test_every_training_step_holds_the_kinds_in_equal_shares():
+    import grain
+    env = RoutingEnv(RoutingConfig(preferences=("pool:cost", "pool:latency")))
+    tasks = env.tasks("train")
+    stream = iter(env.task_stream(len(tasks), 8, seed=3).to_iter_dataset(
+        grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    for _ in range(40):  # past one epoch of each kind's 128 tasks
+        step = [tasks[i] for i in next(stream)]
+        kinds = [t.metadata["preference_kind"] for t in step]
+        assert kinds.count("cost") == kinds.count("latency") == 4
+        assert len({t.task_id for t in step}) == 8

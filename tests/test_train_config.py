@@ -25,7 +25,7 @@ RETAIL = pathlib.Path("/work/shared/data/tau2/retail")
 
 
 def demo() -> TrainConfig:
-    return runpy.run_path(str(ROOT / "configs" / "demo.py"))["config"]("cost")
+    return runpy.run_path(str(ROOT / "configs" / "demo.py"))["config"]()
 
 
 @pytest.mark.parametrize("override, message", [

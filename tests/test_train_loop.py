@@ -106,13 +106,11 @@ def test_configs_build_and_overrides_name_the_field():
     demo = load_config(str(ROOT / "configs" / "demo.py"))
     assert isinstance(demo.env, RoutingConfig) and demo.model is not None
     demo_ns = runpy.run_path(str(ROOT / "configs" / "demo.py"))
-    warm, latency = demo_ns["config_warmstart"](), demo_ns["config"]("latency")
-    assert demo.init_from == latency.init_from == warm.out_dir and warm.steps == 0
-    assert latency.env.preferences == ("latency",) and latency.env.num_eval == 16
-    single, single_warm = demo_ns["config_single"](), demo_ns["config_single_warmstart"]()
-    assert single.init_from == single_warm.out_dir != warm.out_dir and single.sft_steps == 0
-    assert single.env == single_warm.env  # the warm start saw the same phrasings
-    assert single.env.preferences == ("pool:cost", "pool:latency")
+    warm = demo_ns["config_warmstart"]()
+    assert demo.init_from == warm.out_dir and warm.steps == 0 and demo.sft_steps == 0
+    assert demo.env == warm.env  # the warm start saw the same phrasings
+    # one policy on both preference kinds, drawn from the training pairs
+    assert demo.env.preferences == ("pool:cost", "pool:latency") and demo.env.num_eval == 16
     cfg = apply_overrides(demo, ["rollout.group_size=4", "optim.lr=1e-5", "steps=3",
                                  "rollout.server_urls=['http://h:1']"])
     assert (cfg.rollout.group_size, cfg.optim.lr, cfg.steps) == (4, 1e-5, 3)

@@ -55,7 +55,13 @@ def test_plots_are_written(tmp_path):
     png = plots.plot_run(metrics, tmp_path / "metrics.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plots.tool_names(rows) == ["a", "b"]
-    shares = plots.plot_tool_shares({"cost": metrics, "latency": metrics}, tmp_path / "s.png")
+    kinds = [{"preferred_share_cost": 0.2 * s, "preferred_share_latency": 1 - 0.2 * s}
+             for s in range(5)]
+    metrics.write_text("".join(json.dumps(r | k) + "\n" for r, k in zip(rows, kinds)))
+    shares = plots.plot_preference_shares(
+        metrics, ("cost", "latency"),
+        {"warm": {"share": {"cost": 0.3, "latency": 0.4}, "adherence": None},
+         "grpo": {"share": {"cost": 0.9, "latency": 0.8}, "adherence": 0.7}}, tmp_path / "s.png")
     assert shares.stat().st_size > 10_000
     (tmp_path / "sft.jsonl").write_text(json.dumps({"phase": "sft", "step": 10}) + "\n")
     assert plots.plot_run(tmp_path / "sft.jsonl", tmp_path / "none.png") is None

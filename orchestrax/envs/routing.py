@@ -29,6 +29,8 @@ import dataclasses
 import random
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
+
 from orchestrax.data import preferences as pairs
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import EnvConfig, Environment
@@ -197,6 +199,23 @@ class RoutingEnv(Environment):
         if split not in self._splits:
             raise ValueError(f"routing split={split!r}; allowed: train, eval, test")
         return list(self._splits[split])
+
+    def task_stream(self, num_tasks: int, tasks_per_step: int, *, seed: int,
+                    process_index: int = 0, process_count: int = 1):
+        """Every step holds the training kinds in equal shares (`preferences` entries, as
+        close as `tasks_per_step` allows). Why: the preferred tools of two kinds pull one
+        shared policy in opposite directions, and a step that happens to draw mostly one kind
+        moves every task's choice towards that kind's tool (measured: uniform draws of 8 tasks
+        swung the one policy between the cheap and the fast tool from step to step)."""
+        from orchestrax.data.tasks import MixtureSteps
+        if tasks_per_step % process_count:
+            raise ValueError(f"rollout.tasks_per_step={tasks_per_step} does not split evenly "
+                             f"over {process_count} processes; use a multiple of {process_count}")
+        prefs = self.config.preferences
+        kinds = list(dict.fromkeys(prefs))
+        shards = [np.array([i for i in range(num_tasks) if prefs[i % len(prefs)] == k],
+                           np.int64)[process_index::process_count] for k in kinds]
+        return MixtureSteps(shards, [1.0] * len(kinds), tasks_per_step // process_count, seed)
 
     def tools(self, task: Task) -> list[_Lookup]:
         return [_Lookup(t, task.metadata["job"]) for t in self.config.tools]

@@ -1,11 +1,16 @@
-"""`make demo`: warm-start a tiny routing policy on CPU, then let the preference vector steer it.
+"""`make demo`: warm-start a tiny routing policy on CPU, then train ONE policy by GRPO that routes
+by each task's preference vector.
 
-    python -m orchestrax.train.demo [--out runs/demo] [--fresh]
+    python -m orchestrax.train.demo [--out runs/demo] [--fresh] [--config configs/demo.py]
 
-Runs configs/demo.py: a supervised warm start, then two GRPO runs from it whose tasks differ only
-in P (cost-weighted vs latency-weighted). The table shows which tool each policy calls on
-held-out tasks, sampled at the rollout temperature; `<out>/tool_shares.png` plots each tool's
-share of the training rollouts' calls per GRPO step. Rerunning resumes every run where it stopped.
+Runs the config file (relative to the working directory: commands run from the repository
+root): a supervised warm start (tools chosen uniformly, never told which tool a preference
+favours), then one GRPO run on tasks whose P is drawn per task from the cost-weighted and
+latency-weighted training pairs. The table shows, on held-out tasks of each kind, the preferred
+tool's share of calls before and after GRPO, as the trainer's evaluation and `orchestrax eval`
+measure it, and the GRPO policy's preference adherence against the warm start.
+`<out>/preference_shares.png` plots the preferred tool's share per P kind per GRPO step and the
+eval numbers. Rerunning resumes every run where it stopped.
 """
 
 from __future__ import annotations
@@ -15,54 +20,110 @@ import dataclasses
 import json
 import runpy
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from orchestrax.envs.routing import RoutingConfig, preferred_from_vector
 from orchestrax.train import plots, setup
+from orchestrax.train.config import TrainConfig
 from orchestrax.train.loop import train
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.py"
-TOOLS = ("lookup_cheap", "lookup_fast", "lookup_premium")
+CONFIG = "configs/demo.py"
+KINDS = ("cost", "latency")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="base output directory (default: runs/demo)")
+    ap.add_argument("--out", help="base output directory (default: the config's OUT)")
     ap.add_argument("--fresh", action="store_true", help="delete the output directory first")
+    ap.add_argument("--config", default=CONFIG,
+                    help="file with config_warmstart() and config() (default: %(default)s)")
     args = ap.parse_args(argv)
+    if not Path(args.config).is_file():
+        raise SystemExit(f"orchestrax.train.demo: --config {args.config!r} not found; run from "
+                         "the repository root or give the path of configs/demo.py")
     setup.configure_logging()
-    configs = runpy.run_path(str(CONFIG))
-    runs = [configs["config_warmstart"](), configs["config"]("cost"), configs["config"]("latency")]
+    configs = runpy.run_path(args.config)
     base = Path(args.out or configs["OUT"])
-    runs = [dataclasses.replace(
+    warm, grpo = (dataclasses.replace(
         c, out_dir=str(base / Path(c.out_dir).name),
         init_from=None if c.init_from is None else str(base / Path(c.init_from).name))
-        for c in runs]
+        for c in (configs["config_warmstart"](), configs["config"]()))
     if args.fresh:
         shutil.rmtree(base, ignore_errors=True)
     start = time.perf_counter()
-    for cfg in runs:
-        train(cfg)
-    minutes = (time.perf_counter() - start) / 60
-    rows = [("before RL (warm start)", _last_eval(runs[0])),
-            ("GRPO, P weighs cost", _last_eval(runs[1])),
-            ("GRPO, P weighs latency", _last_eval(runs[2]))]
-    print("\nshare of calls per tool on held-out tasks (sampled at T=0.7)")
-    print(f"{'':24s}" + "".join(f"{t:>16s}" for t in TOOLS) + f"{'accuracy':>10s}")
-    for label, row in rows:
-        shares = "".join(f"{row.get(f'tool_share_{t}', float('nan')):16.2f}" for t in TOOLS)
-        print(f"{label:24s}{shares}{row['accuracy']:10.2f}")
-    shares = {label: Path(cfg.out_dir) / "metrics.jsonl"
-              for (label, _), cfg in zip(rows[1:], runs[1:])}
-    png = plots.plot_tool_shares(shares, base / "tool_shares.png")
-    print(f"\ntraining took {minutes:.1f} min; metrics: {base}/*/metrics.jsonl "
-          f"(TensorBoard: {base}/*/tensorboard); tool shares per step: {png}")
+    train(warm)
+    train(grpo)
+    trained = time.perf_counter()
+    evals = {"warm start": orchestrax_eval(warm, base / "eval_warmstart", None)}
+    evals["GRPO"] = orchestrax_eval(grpo, base / "eval_grpo",
+                                    base / "eval_warmstart" / "eval.json")
+    minutes = ((trained - start) / 60, (time.perf_counter() - trained) / 60)
+    rows = [("before RL (warm start)", eval_rows(warm)[-1], evals["warm start"]),
+            ("GRPO, one policy", eval_rows(grpo)[-1], evals["GRPO"])]
+    print(table(rows, warm))
+    png = plots.plot_preference_shares(Path(grpo.out_dir) / "metrics.jsonl", KINDS, evals,
+                                       base / "preference_shares.png")
+    print(f"\ntraining took {minutes[0]:.1f} min, `orchestrax eval` {minutes[1]:.1f} min; "
+          f"metrics: {base}/*/metrics.jsonl (TensorBoard: {base}/*/tensorboard); "
+          f"preferred-tool share per step: {png}")
 
 
-def _last_eval(cfg) -> dict:
+def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConfig) -> str:
+    """The demo's table: per policy, the preferred tool's share of calls per P kind and the
+    accuracy (trainer eval), then `orchestrax eval`'s shares, accuracy and adherence."""
+    lines = [f"\npreferred tool's share of calls on held-out tasks per P kind (trainer eval: "
+             f"{cfg.eval_samples} samples a task; `orchestrax eval`: 1; both at "
+             f"T={cfg.eval_temperature:g})",
+             f"{'':24s}{'cost->cheap':>12s}{'latency->fast':>14s}{'accuracy':>9s}"
+             f"{' | eval: cost':>13s}{'latency':>8s}{'accuracy':>9s}{'adherence':>10s}"]
+    for label, row, ev in rows:
+        adh = ev["adherence"]
+        lines.append(
+            f"{label:24s}{row.get('preferred_share_cost', float('nan')):12.2f}"
+            f"{row.get('preferred_share_latency', float('nan')):14.2f}{row['accuracy']:9.2f}"
+            f"{ev['share']['cost']:13.2f}{ev['share']['latency']:8.2f}{ev['accuracy']:9.2f}"
+            f"{'-' if adh is None else f'{adh:.3f}':>10s}")
+    return "\n".join(lines)
+
+
+def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None) -> dict[str, Any]:
+    """`orchestrax eval` of a run dir on the routing task set (episode settings and the routing
+    env from the run's own config): {"adherence" (against `baseline`'s eval.json, None without),
+    "accuracy", "share": {kind: the preferred tool's share of calls on that kind's tasks}}."""
+    # The command itself, in its own process: the trainer's layer does not import eval's.
+    argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy", cfg.out_dir,
+            "--tasks", "routing", "--turn-sweep", "", "--out", str(out), "--no-progress"]
+    code = subprocess.run(argv + (["--baseline", str(baseline)] if baseline else [])).returncode
+    if code:
+        raise SystemExit(f"orchestrax eval of {cfg.out_dir} failed (exit {code})")
+    payload = json.loads((out / "eval.json").read_text())
+    (row,) = payload["rows"]
+    return {"adherence": row["adherence"], "accuracy": row["accuracy"],
+            "share": preferred_shares(payload["records"]["routing"], cfg.env)}
+
+
+def preferred_shares(records: list[dict[str, Any]], env: RoutingConfig) -> dict[str, float]:
+    """Kind -> calls to the tool P favours / all calls, over eval.json records whose P weighs
+    only compute ("cost") or only latency."""
+    hits = {k: [0, 0] for k in KINDS}
+    for rec in records:
+        P = rec["preference"]
+        kind = {(1.0, 0.0): "cost", (0.0, 1.0): "latency"}.get(tuple(P[-2:]))
+        if kind is None:
+            continue
+        hits[kind][0] += rec["calls"].get(preferred_from_vector(env, P), 0)
+        hits[kind][1] += sum(rec["calls"].values())
+    return {k: h / n if n else float("nan") for k, (h, n) in hits.items()}
+
+
+def eval_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in
             (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["phase"] == "eval"][-1]
+    return [r for r in rows if r["phase"] == "eval"]
 
 
 if __name__ == "__main__":

@@ -80,22 +80,37 @@ def plot_run(metrics: pathlib.Path, out: pathlib.Path) -> pathlib.Path | None:
     return out
 
 
-def plot_tool_shares(runs: dict[str, pathlib.Path], out: pathlib.Path) -> pathlib.Path:
-    """One panel per run (label -> metrics.jsonl): each tool's share of calls per RL step."""
+def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
+                           evals: dict[str, dict[str, Any]], out: pathlib.Path) -> pathlib.Path:
+    """Left: per RL step, the preferred tool's share of calls on each preference kind's tasks
+    (`preferred_share_<kind>`; training rollouts as lines, evaluations as dots). Right: per
+    policy (label -> {"share": {kind: share}, "adherence": float | None}, e.g. from
+    `orchestrax eval`), those shares as bars, the adherence in the label."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), squeeze=False)
-    for ax, (label, metrics) in zip(axes[0], runs.items()):
-        rl = [r for r in _rows(metrics) if r["phase"] == "rl"]
-        for name in tool_names(rl):
-            key = f"tool_share_{name}"
-            ax.plot([r["step"] for r in rl], [r.get(key, 0.0) for r in rl], marker="o",
-                    label=name)
-        ax.set(title=label, xlabel="GRPO step", ylabel="share of tool calls", ylim=(-0.02, 1.02))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    rows = _rows(metrics)
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, kind in enumerate(kinds):
+        key = f"preferred_share_{kind}"
+        for phase, style in (("rl", ".-"), ("eval", "o")):
+            got = [r for r in rows if r["phase"] == phase and key in r]
+            ax.plot([r["step"] for r in got], [r[key] for r in got], style, color=f"C{i}",
+                    label=f"P weighs {kind}" + (" (eval)" if phase == "eval" else ""))
+    ax.set(title="one policy: preferred tool's share of calls", xlabel="GRPO step",
+           ylabel="share", ylim=(-0.02, 1.02))
+    width = 0.8 / max(1, len(evals))
+    for i, (label, ev) in enumerate(evals.items()):
+        adh = ev.get("adherence")
+        bars.bar([k + (i - (len(evals) - 1) / 2) * width for k in range(len(kinds))],
+                 [ev["share"][kind] for kind in kinds], width,
+                 label=label + ("" if adh is None else f" (adherence {adh:.2f})"))
+    bars.set_xticks(range(len(kinds)), [f"P weighs {k}" for k in kinds])
+    bars.set(title="orchestrax eval: preferred tool's share", ylim=(0, 1.02))
+    for a in (ax, bars):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
