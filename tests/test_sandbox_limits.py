@@ -331,7 +331,7 @@ def test_a_finished_run_leaves_no_process_of_its_uid_not_even_a_zombie():
     reaps late (this container's: ~2 s) or never (a bare `docker run`'s)."""
     base = 397_000
     leaver = ("import os, subprocess, time\nsubprocess.Popen(['sleep', '30'])\n"
-              "if os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('bye')\n")
+              "if os.fork() == 0:\n    os.setpgid(0, 0)\n    time.sleep(30)\nprint('bye')\n")
 
     async def runs():
         return await asyncio.gather(*(run_python(leaver if i % 2 else "print('bye')", cfg(base))

@@ -41,8 +41,9 @@ class SandboxConfig:
     `memory_bytes` and `processes` bound the whole run (all its processes together): hard limits
     in the run's cgroup. `limits` says whether it must get one ('cgroup'), may ('auto') or must
     not ('uid'). Without a cgroup, processes are capped by RLIMIT_NPROC of the run's own leased
-    uid (as root) and memory by a watchdog that polls the run's process tree every 50 ms (a soft
-    bound: the run can overshoot by what it allocates in that time).
+    uid (as root), memory by a watchdog that polls the run's process tree every 50 ms (a soft
+    bound: the run can overshoot by what it allocates in that time), and CPU by nice 19 in one
+    session (setsid is refused: on a host with scheduler autogroups the run is one group).
     """
 
     mode: SandboxMode = "bwrap"

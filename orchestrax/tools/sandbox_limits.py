@@ -409,6 +409,10 @@ class Lease:
         if self.cgroup is not None:
             joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self.cgroup.procs_files())
             argv += ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh"]
+        else:
+            # No CPU quota: the lowest priority instead, so the run's one session (setsid is
+            # refused) yields the CPU to the trainer and to runs that do not spin.
+            argv += [shutil.which("nice") or "/usr/bin/nice", "-n", "19"]
         if self.uid is not None:
             argv += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={self.uid}",
                      f"--regid={self.uid}", "--clear-groups", "--"]

@@ -2,12 +2,12 @@
 
 Built here, not with libseccomp, so nothing beyond the standard library is needed. The program:
 kill the process for any foreign syscall ABI (i386 on x86_64, arm32 on aarch64, and x86_64's x32
-numbers get EPERM), EPERM for the kernel-attack-surface and escape syscalls in `BLOCKED`, EPERM
-for `clone` with any namespace flag, ENOSYS for `clone3` (its flags sit behind a pointer the filter
-cannot read; glibc then falls back to `clone`), EPERM for `socket` of the VSOCK family (the one
-family that reaches a hypervisor from a private network namespace), EPERM for `setsockopt` of a
-socket buffer size (so every socket holds at most the host's default buffers, which the uid-mode
-memory bound counts), ALLOW for everything else.
+numbers get EPERM), EPERM for the kernel-attack-surface, escape, untracked-memory and new-session
+syscalls in `BLOCKED`, EPERM for `clone` with any namespace flag, ENOSYS for `clone3` (its flags
+sit behind a pointer the filter cannot read; glibc then falls back to `clone`), EPERM for `socket`
+of the VSOCK family (the one family that reaches a hypervisor from a private network namespace),
+EPERM for `setsockopt` of a socket buffer size (so every socket holds at most the host's default
+buffers, which the uid-mode memory bound counts), ALLOW for everything else.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ BLOCKED: dict[str, tuple[int | None, int | None]] = {
     # and on no mount, and a SysV segment outlives every process that attached it. POSIX shm
     # lives in the run's /dev/shm tmpfs instead, which is size-capped and counted.
     "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194),
+    # A session of its own is a scheduler autogroup of its own, which takes a CPU share as large
+    # as the trainer's whatever the run's nice value: without a cgroup, N sessions would take N
+    # shares. The run stays the one session bwrap made for it.
+    "setsid": (112, 157),
 }
 CLONE = {"x86_64": 56, "aarch64": 220}
 SOCKET = {"x86_64": 41, "aarch64": 198}
