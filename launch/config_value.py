@@ -5,7 +5,7 @@ space-separated."""
 
 import sys
 
-from orchestrax.train.main import apply_overrides, load_config
+from orchestrax.train.overrides import apply_overrides, load_config
 
 
 def main(argv: list[str]) -> int:

@@ -3,63 +3,77 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from orchestrax.train.arg_types import at_least, tokenizer_dir
+from orchestrax.train.overrides import add_arguments as add_config_arguments
+
+
+class _Fields(argparse.Action):
+    """One flag that sets several config fields to its value."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for field in self.const:
+            setattr(namespace, field, values)
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="SGLang-compatible HTTP server backed by the embedded sampler")
-    src = p.add_mutually_exclusive_group(required=True)
+    # Flags are shorthands of ServeConfig fields (dest = the field); one not given is absent.
+    p = sub.add_parser("serve", argument_default=argparse.SUPPRESS,
+                       help="SGLang-compatible HTTP server backed by the embedded sampler")
+    add_config_arguments(p)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="HF safetensors directory (Qwen3 / Llama), or a training "
-                                      "run directory (its newest whole checkpoint)")
-    src.add_argument("--tiny", action="store_true",
+                                     "run directory (its newest whole checkpoint)")
+    src.add_argument("--tiny", dest="model", action="store_const", const="tiny",
                      help="random tiny Qwen3 + tiny Qwen3-style tokenizer (tests, CPU demo)")
     p.add_argument("--tokenizer", type=tokenizer_dir, help="tokenizer directory (default: --model)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=at_least(0), default=30000)
-    p.add_argument("--max-batch", type=at_least(1), default=64)
-    p.add_argument("--max-len", type=at_least(2), default=4096,
-                   help="tokens per sequence, prompt and output together")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--param-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="weights are cast to this once at load (auto: bfloat16 on GPU/TPU, "
-                        "float32 on CPU)")
-    p.add_argument("--engine", default="continuous", choices=("static", "continuous"),
+    p.add_argument("--host", help="127.0.0.1")
+    p.add_argument("--port", type=at_least(0), help="30000")
+    p.add_argument("--max-batch", type=at_least(1), help="64")
+    p.add_argument("--max-len", type=at_least(2),
+                   help="tokens per sequence, prompt and output together (4096)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (float32)")
+    p.add_argument("--param-dtype", choices=("auto", "float32", "bfloat16"),
+                   help="weights are cast to this once at load (auto, the default: bfloat16 on "
+                        "GPU/TPU, float32 on CPU)")
+    p.add_argument("--engine", choices=("static", "continuous"),
                    help="batcher: static batches, or continuous batching (requests join and "
-                        "leave between decode steps)")
-    p.add_argument("--seed", type=int, default=0, help="--tiny init seed and sampler seed")
-    p.add_argument("--weight-version", default="default")
-    p.add_argument("--served-model-name", default="orchestrax")
-    p.add_argument("--api-key", default=os.environ.get("ORCHESTRAX_SERVE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every route but /health "
-                        "(default: $ORCHESTRAX_SERVE_API_KEY; unset means no check)")
-    p.add_argument("--weight-root", action="append", default=[], metavar="DIR",
+                        "leave between decode steps; the default)")
+    p.add_argument("--seed", type=int, help="--tiny init seed and sampler seed (0)")
+    p.add_argument("--weight-version", help="default")
+    p.add_argument("--served-model-name", help="orchestrax")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but "
+                                     "/health (default: $ORCHESTRAX_SERVE_API_KEY; unset means "
+                                     "no check)")
+    p.add_argument("--weight-root", action="append", metavar="DIR",
                    help="update_weights_from_disk loads only below DIR (repeatable; none: "
                         "weight updates are refused)")
-    # Client limits; unset ones keep the defaults of orchestrax.rollout.validate.ServeLimits.
-    p.add_argument("--max-n", type=int, help="copies of one prompt per request (64)")
-    p.add_argument("--max-requests", type=int, help="prompts x n per call (1024)")
-    p.add_argument("--max-body-bytes", type=int, help="request body size (32 MiB)")
-    p.add_argument("--max-text-chars", type=int,
+    # Client limits (ServeConfig.limits, an orchestrax.rollout.validate.ServeLimits).
+    p.add_argument("--max-n", dest="limits.max_n", type=int,
+                   help="copies of one prompt per request (64)")
+    p.add_argument("--max-requests", dest="limits.max_requests", type=int,
+                   help="prompts x n per call (1024)")
+    p.add_argument("--max-body-bytes", dest="limits.max_body_bytes", type=int,
+                   help="request body size (32 MiB)")
+    p.add_argument("--max-text-chars", dest="limits.max_text_chars", type=int,
                    help="text of one request, checked before tokenising (1 Mi characters)")
-    p.add_argument("--read-timeout", type=float,
+    p.add_argument("--read-timeout", type=float, action=_Fields,
+                   const=("limits.read_timeout_s", "limits.idle_timeout_s"),
                    help="seconds to receive a request body, and to keep an idle connection (60)")
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="GRPO (and optional SFT warm start) from a Python config")
-    p.add_argument("--config", required=True, help="configs/x.py or configs/x.py:function")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. rollout.group_size=4 (repeatable)")
+    add_config_arguments(p, required=True)
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     from orchestrax.eval.main import add_arguments
-    add_arguments(sub.add_parser("eval", help="measure a policy on task sets (accuracy, cost, "
-                                              "latency, calls per tool, preference adherence)"))
+    add_arguments(sub.add_parser("eval", argument_default=argparse.SUPPRESS,
+                                 help="measure a policy on task sets (accuracy, cost, latency, "
+                                      "calls per tool, preference adherence)"))
 
 
 def _synth_parser(sub: argparse._SubParsersAction) -> None:
@@ -76,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(sub)
     _synth_parser(sub)
     for p in sub.choices.values():
-        p.add_argument("--debug", action="store_true",
+        p.add_argument("--debug", action="store_true", default=False,
                        help="show the traceback of a user error (bad config, path, flag)")
     return parser
 
@@ -102,10 +116,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def command_config(args: argparse.Namespace) -> Any:
+    """The config a parsed `serve` or `eval` command line says: --config's function (else the
+    command's defaults), then --set and the shorthand flags given."""
+    from orchestrax.train import overrides, serve
+    if args.command == "eval":
+        from orchestrax.eval import main as eval_main
+        return overrides.from_args(args, eval_main.EvalCommand, eval_main.config)
+    if args.command == "serve":
+        if not (args.config or "model" in vars(args)
+                or any(s.startswith("model=") for s in args.set)):
+            raise ValueError("orchestrax serve needs --model DIR or --tiny (or a --config "
+                             "function naming its model)")
+        return overrides.from_args(args, serve.ServeConfig, serve.config)
+    raise ValueError(f"orchestrax {args.command} has no command config")
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        from orchestrax.train.serve import serve
-        return serve(args)
+        from orchestrax.train import serve
+        return serve.serve(command_config(args))
     if args.command == "train":
         from orchestrax.train.main import run
         return run(args.config, args.set)
@@ -113,7 +143,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from orchestrax.synth.main import run as run_synth
         return run_synth(args)
     from orchestrax.eval.main import run as run_eval
-    return run_eval(args)
+    return run_eval(command_config(args))
 
 
 if __name__ == "__main__":

@@ -272,7 +272,7 @@ def config():
     for sheet in ("train_list", "eval_heldout"):
         out = tmp_path / sheet
         assert cli(["eval", "--policy", f"openai:{policy.base_url}", "--model", "m", "--tasks",
-                    str(qa), "--config", str(cfg), "--sheet", sheet, "--turn-sweep", "",
+                    str(qa), "--train-config", str(cfg), "--sheet", sheet, "--turn-sweep", "",
                     "--seconds-per-token", "0", "--no-progress", "--out", str(out)]) == 0
         (row,) = json.loads((out / "eval.json").read_text())["rows"]
         price = load_sheet(sheet).models["gpt-5-mini"]

@@ -229,12 +229,10 @@ def test_serve_and_export_read_a_run_as_eval_does(tmp_path, caplog):
     """One reader: `orchestrax serve --model RUN_DIR` and scripts/export_hf.py take the run's
     newest whole checkpoint's params, and fall back past a corrupt newest step as eval does."""
     import runpy
-    from orchestrax.cli import build_parser
-    from orchestrax.train.serve import build_state
+    from orchestrax.train.serve import ServeConfig, build_state
     run, cfg = _run_dir(tmp_path, (2, 3))
     _zero_chunks(run / "checkpoints" / "3" / "state", b"params.embed/")
-    state = build_state(build_parser().parse_args(["serve", "--model", str(run),
-                                                   "--max-len", "64", "--max-batch", "2"]))
+    state = build_state(ServeConfig(model=str(run), max_len=64, max_batch=2))
     chex.assert_trees_all_equal(state.sampler.params, models.init_params(cfg, 2))
     asyncio.run(state.sampler.aclose())
     root = pathlib.Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.tau2 import Tau2Config
 from orchestrax.train import setup
 from orchestrax.train.config import TrainConfig
-from orchestrax.train.main import load_config
+from orchestrax.train.overrides import load_config
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 SCALES = ("config", "config_one_h200", "config_multinode", "config_tpu", "config_rehearsal")

@@ -159,7 +159,7 @@ def test_registry_names_what_it_does_not_know():
 
 
 def test_typed_env_configs_check_themselves_and_take_set_overrides(tmp_path):
-    from orchestrax.train.main import apply_overrides
+    from orchestrax.train.overrides import apply_overrides
     with pytest.raises(ValueError, match=r"QAConfig.grader='fuzzy'; allowed: exact, math, judge"):
         QAConfig(path="x.jsonl", grader="fuzzy")
     with pytest.raises(ValueError, match=r"RoutingConfig.preferences=\('speed',\); allowed"):

@@ -5,7 +5,6 @@ serve/trainer options that came with it (`--param-dtype`, `TrainConfig.remat`)."
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import threading
 
@@ -248,10 +247,8 @@ def test_engine_and_remat_options_are_validated_and_applied(tmp_path):
     assert type(static) is EmbeddedSampler
 
 
-def serve_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    cli._serve_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["serve", "--max-len", "64", *argv])
+def serve_args(*argv: str) -> serve_mod.ServeConfig:
+    return cli.command_config(cli.build_parser().parse_args(["serve", "--max-len", "64", *argv]))
 
 
 def test_serve_param_dtype_casts_once_and_float32_keeps_greedy_outputs(tmp_path):

@@ -18,7 +18,7 @@ from orchestrax.train import validate
 from orchestrax.train.config import (RolloutConfig, TrainConfig, check_env_fits,
                                      check_master_weights)
 from orchestrax.train.loop import Trainer
-from orchestrax.train.main import apply_overrides
+from orchestrax.train.overrides import apply_overrides
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RETAIL = pathlib.Path("/work/shared/data/tau2/retail")

@@ -17,7 +17,7 @@ from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.config import RolloutConfig, TrainConfig
 from orchestrax.train.loop import train
-from orchestrax.train.main import apply_overrides, load_config
+from orchestrax.train.overrides import apply_overrides, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

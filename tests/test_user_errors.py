@@ -70,3 +70,53 @@ def test_a_busy_port_is_refused_before_the_model_loads(capsys):
         # A directory with nothing in it: were the model loaded first, the error would name it.
         line = one_line_error(capsys, ["serve", "--model", "/nonexistent", "--port", str(port)])
     assert f"--port {port}" in line and "not free" in line
+
+
+def test_serve_flags_are_shorthands_of_its_config_fields(tmp_path):
+    """`--set` and `--config` configure serve as they do train; a flag is its field's shorthand,
+    and giving a field twice is refused."""
+    from orchestrax.cli import build_parser, command_config
+    from orchestrax.rollout.validate import ServeLimits
+    from orchestrax.train.serve import ServeConfig
+
+    def cfg(*argv):
+        return command_config(build_parser().parse_args(["serve", *argv]))
+    flags = cfg("--tiny", "--max-len", "64", "--read-timeout", "5", "--weight-root", "/a",
+                "--weight-root", "/b", "--max-n", "3")
+    sets = cfg("--set", "model=tiny", "--set", "max_len=64", "--set", "limits.read_timeout_s=5",
+               "--set", "limits.idle_timeout_s=5", "--set", "weight_root=('/a', '/b')",
+               "--set", "limits.max_n=3")
+    assert flags == sets == ServeConfig(max_len=64, weight_root=("/a", "/b"), limits=ServeLimits(
+        read_timeout_s=5.0, idle_timeout_s=5.0, max_n=3))
+    (tmp_path / "serve.py").write_text(
+        "from orchestrax.train.serve import ServeConfig\n"
+        "def small():\n    return ServeConfig(model='tiny', max_batch=2)\n")
+    assert cfg("--config", f"{tmp_path / 'serve.py'}:small", "--port", "0") == ServeConfig(
+        max_batch=2, port=0)
+    with pytest.raises(ValueError, match="max_len: also given by its flag"):
+        cfg("--tiny", "--max-len", "64", "--set", "max_len=32")
+    with pytest.raises(ValueError, match=r"ServeLimits.max_n=0; must be a number > 0"):
+        cfg("--tiny", "--set", "limits.max_n=0")
+    with pytest.raises(ValueError, match="needs --model DIR or --tiny"):
+        cfg("--port", "0")
+
+
+def test_eval_flags_are_shorthands_of_its_config_fields(capsys):
+    from orchestrax.cli import build_parser, command_config
+    from orchestrax.eval.main import EvalCommand
+
+    def cfg(*argv):
+        return command_config(build_parser().parse_args(["eval", *argv]))
+    flags = cfg("--policy", "runs/x", "--tasks", "routing", "frames", "--no-thinking",
+                "--max-turns", "5", "--train-config", "configs/demo.py")
+    sets = cfg("--set", "policy=runs/x", "--set", "tasks=('routing', 'frames')", "--set",
+               "enable_thinking=False", "--set", "max_turns=5",
+               "--set", "train_config=configs/demo.py")
+    assert flags == sets == EvalCommand(policy="runs/x", tasks=("routing", "frames"),
+                                        enable_thinking=False, max_turns=5,
+                                        train_config="configs/demo.py")
+    line = one_line_error(capsys, ["eval", "--tasks", "routing"])
+    assert "EvalCommand: policy=''" in line and "--policy" in line
+    line = one_line_error(capsys, ["eval", "--policy", "x", "--tasks", "routing", "--set",
+                                   "max_error_rate=2"])
+    assert "EvalCommand.max_error_rate=2; must be in [0, 1]" in line

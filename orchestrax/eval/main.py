@@ -2,10 +2,13 @@
 
     orchestrax eval --policy runs/demo/cost --tasks routing --tokenizer tiny
     orchestrax eval --policy openai:http://127.0.0.1:30000/v1 --model qwen3-8b --tasks frames \
-        --config configs/qwen3_8b_gpu.py --sheet eval_heldout --baseline runs/eval_base/eval.json
+        --train-config configs/qwen3_8b_gpu.py --sheet eval_heldout \
+        --baseline runs/eval_base/eval.json
 
-The evaluation itself is `eval.suite` (one policy over task sets) and `eval.grid` (the paper's
-agent × thinking × ablation grid); this module parses the command line and calls them.
+Configured like every command: `--config` (a function returning an `EvalCommand`), `--set
+field=value`, and flags that are shorthands of its fields. The evaluation itself is `eval.suite`
+(one policy over task sets) and `eval.grid` (the paper's agent × thinking × ablation grid); this
+module holds the command's config and calls them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from orchestrax.eval.tasksets import TaskSetOptions
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.train.arg_types import at_least, tokenizer_dir
+from orchestrax.train.overrides import add_arguments as add_config_arguments
 
 
 def _endpoint(url: str | None, model: str | None, key_env: str | None, flag: str):
@@ -44,13 +48,78 @@ def _catalog(config: str | None, sheet: str | None):
     None without --config."""
     if config is None:
         return None, None
-    from orchestrax.train.main import load_config
+    from orchestrax.train.overrides import load_config
     cfg = load_config(config)
     routing = cfg.env if isinstance(cfg.env, RoutingConfig) else None
     if cfg.tools is None:
         return None, routing
     catalog_cfg = cfg.tools if sheet is None else dataclasses.replace(cfg.tools, sheet=sheet)
     return registry.build_catalog(catalog_cfg), routing
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalCommand:
+    """What `orchestrax eval` measures and how; each field has the flag of the same name
+    (`--no-thinking`/`--thinking-on` set `enable_thinking`). The help of `orchestrax eval -h`
+    says what each means; None: the policy's training run decides, else DEFAULTS."""
+    policy: str = ""                  # run dir | HF dir | sglang:URL | openai:URL
+    tasks: tuple[str, ...] = ()
+    model: str | None = None
+    api_key_env: str | None = None
+    tokenizer: str | None = None
+    split: str | None = None
+    limit: int | None = None
+    train_config: str | None = None   # configs/x.py[:fn] whose TrainConfig gives tools, pricing
+    sheet: str | None = None
+    policy_price: str | None = None
+    agent: str = "direct"
+    thinking: str | None = None
+    ablate: str = "none"
+    subagent_policy: str | None = None
+    subagent_price: str | None = None
+    max_turns: int | None = None
+    turn_sweep: str | None = None
+    temperature: float | None = None
+    max_new_tokens: int | None = None
+    context_tokens: int | None = None
+    param_dtype: str = "float32"
+    enable_thinking: bool | None = None
+    max_error_rate: float = 0.0
+    seconds_per_token: float | None = None
+    max_in_flight: int = 64
+    grader: str | None = None
+    judge_url: str | None = None
+    judge_model: str | None = None
+    judge_key_env: str | None = None
+    user_url: str | None = None
+    user_model: str | None = None
+    user_key_env: str | None = None
+    baseline: str | None = None
+    seed: int = 0
+    no_preferences: bool = False
+    out: str = "runs/eval"
+    no_progress: bool = False
+
+    def __post_init__(self):
+        for name in ("limit", "max_turns", "max_new_tokens", "context_tokens", "max_in_flight"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"EvalCommand.{name}={value}; must be >= 1")
+        for name, allowed in (("param_dtype", PARAM_DTYPES), ("grader", GRADERS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"EvalCommand.{name}={getattr(self, name)!r}; allowed: "
+                                 f"{allowed}")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"EvalCommand.max_error_rate={self.max_error_rate}; must be in "
+                             "[0, 1]")
+
+
+GRADERS = (None, "exact", "math", "judge")
+
+
+def config() -> EvalCommand:
+    """What `orchestrax eval` starts from without --config (--policy and --tasks then needed)."""
+    return EvalCommand()
 
 
 # What eval assumes when neither a flag nor the policy's run says otherwise.
@@ -67,7 +136,7 @@ def routing_from_json(fields: dict[str, Any]) -> RoutingConfig:
                             tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+def resolve_settings(args: EvalCommand) -> tuple[dict[str, Any], list[str]]:
     """The episode settings eval uses: a flag, else the policy's training run (a run dir or an
     HF export of one carries train_config.json), else DEFAULTS; plus the lines that say so."""
     from orchestrax.train import run_info
@@ -101,13 +170,16 @@ def error_rates(rows: list[dict[str, Any]], main_limit: int | None) -> dict[str,
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: EvalCommand) -> int:
     from orchestrax.train.setup import configure_logging
+    if not args.policy or not args.tasks:
+        raise ValueError(f"EvalCommand: policy={args.policy!r}, tasks={args.tasks!r}; give "
+                         "both (--policy P --tasks T [T ...], or --set / a --config function)")
     configure_logging()
     settings, notes = resolve_settings(args)
     for line in notes:
         print(line, flush=True)
-    catalog, routing = _catalog(args.config, args.sheet)
+    catalog, routing = _catalog(args.train_config, args.sheet)
     routing = routing or settings["routing"] or RoutingConfig()
     options = TaskSetOptions(
         split=args.split, limit=args.limit, grader=args.grader, tools=catalog, routing=routing,
@@ -184,28 +256,32 @@ def _first_error(payload: dict[str, Any]) -> str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", required=True,
+    """EvalCommand's flags, on a parser made with argument_default=SUPPRESS: a flag not given is
+    absent, so the config's value stands."""
+    add_config_arguments(p)
+    p.add_argument("--policy",
                    help="a training run dir or HF dir (embedded sampler), sglang:URL, or "
                         "openai:URL")
     p.add_argument("--model", help="model name for an openai: policy")
     p.add_argument("--api-key-env", help="env var with the bearer key of an openai: policy")
     p.add_argument("--tokenizer", type=tokenizer_dir, help="'tiny' or a HF tokenizer dir (default: the policy dir's)")
-    p.add_argument("--tasks", nargs="+", required=True,
+    p.add_argument("--tasks", nargs="+",
                    help="routing, tau2:retail, tau2:airline, frames, musique, bamboogle, aime, "
                         "or a .jsonl path")
     p.add_argument("--split", help="override the task set's default split")
     p.add_argument("--limit", type=at_least(1), help="first N tasks of each set")
-    p.add_argument("--config", help="configs/x.py[:fn]: tool set and pricing (TrainConfig.tools)")
+    p.add_argument("--train-config",
+                   help="configs/x.py[:fn] of a TrainConfig: tool set and pricing (its tools)")
     p.add_argument("--sheet", help="pricing sheet to reprice the tools with (e.g. eval_heldout)")
     p.add_argument("--policy-price", metavar="MODEL",
                    help="bill the policy's own tokens at this model's row of the sheet")
-    p.add_argument("--agent", default="direct",
+    p.add_argument("--agent",
                    help="direct | subagent; a comma list sweeps (with --thinking, --ablate: "
                         "the paper's grid, written as grid.json/csv/png)")
     p.add_argument("--thinking", help="none | subagents | orchestrator | all (where Qwen3's "
                    "thinking is on); a comma list sweeps. Default: orchestrator (--no-thinking: "
                    "none)")
-    p.add_argument("--ablate", default="none",
+    p.add_argument("--ablate",
                    help="sub-agent mode component ablations, comma list of none, "
                         "no_web_searcher, no_coder, no_file_inspector, no_memory")
     p.add_argument("--subagent-policy", help="the sub-agents' model (run or HF dir, sglang:URL); "
@@ -223,19 +299,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per turn (default: the policy's training run, else 4096)")
     p.add_argument("--context-tokens", type=at_least(1),
                    help="context limit (default: the policy's training run, else 32768)")
-    p.add_argument("--param-dtype", default="float32", choices=PARAM_DTYPES,
+    p.add_argument("--param-dtype", choices=PARAM_DTYPES,
                    help="the embedded sampler's params (a run's fp32 master weights are cast as "
                         "they are read: bfloat16 halves their memory)")
-    p.add_argument("--no-thinking", dest="enable_thinking", action="store_false", default=None,
+    p.add_argument("--no-thinking", dest="enable_thinking", action="store_false",
                    help="Qwen3 thinking off (default: as the policy's training run, else on)")
     p.add_argument("--thinking-on", dest="enable_thinking", action="store_true",
                    help="Qwen3 thinking on whatever the run trained with")
-    p.add_argument("--max-error-rate", type=float, default=0.0,
+    p.add_argument("--max-error-rate", type=float,
                    help="exit 1 when more than this fraction of a task set's episodes failed "
                         "(a failed request is an error, not a wrong answer)")
     p.add_argument("--seconds-per-token", type=float,
                    help="charge this per generated token instead of measured generation time")
-    p.add_argument("--max-in-flight", type=at_least(1), default=64)
+    p.add_argument("--max-in-flight", type=at_least(1))
     p.add_argument("--grader", choices=("exact", "math", "judge"))
     p.add_argument("--judge-url")
     p.add_argument("--judge-model")
@@ -244,9 +320,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user-model")
     p.add_argument("--user-key-env")
     p.add_argument("--baseline", help="an earlier eval.json: preference adherence against it")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=int,
                    help="sampler seed and the seed of each task's preference draw")
     p.add_argument("--no-preferences", action="store_true",
                    help="no preference instruction for tasks that have none")
-    p.add_argument("--out", default="runs/eval")
+    p.add_argument("--out")
     p.add_argument("--no-progress", action="store_true")

@@ -1,11 +1,12 @@
-"""`orchestrax serve`: build the sampler, tokenizer and server state from parsed CLI arguments and
-run the server. An entry point, so it lives with the others in train/ (it builds through the
-registry, which rollout/ must not import)."""
+"""`orchestrax serve`: build the sampler, tokenizer and server state from a `ServeConfig` and run
+the server. An entry point, so it lives with the others in train/ (it builds through the
+registry, which rollout/ must not import). Configured like every command: `--config` (a function
+returning a ServeConfig), `--set field=value`, and flags that are shorthands of its fields."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -23,11 +24,48 @@ from orchestrax.train import checkpoint
 log = logging.getLogger("orchestrax.serve")
 
 
-def limits(args: argparse.Namespace) -> ServeLimits:
-    given = {"max_n": args.max_n, "max_requests": args.max_requests,
-             "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_text_chars,
-             "read_timeout_s": args.read_timeout, "idle_timeout_s": args.read_timeout}
-    return ServeLimits(**{k: v for k, v in given.items() if v is not None})
+ENGINES = ("static", "continuous")
+PARAM_DTYPES = ("auto", "float32", "bfloat16")
+API_KEY_ENV = "ORCHESTRAX_SERVE_API_KEY"
+TINY = "tiny"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """What `orchestrax serve` serves and how; each field has a flag of the same name."""
+    model: str = TINY                 # HF directory, a training run dir (newest checkpoint),
+                                      # or TINY: random tiny Qwen3 + tiny tokenizer (tests, demo)
+    tokenizer: str | None = None      # default: the model's
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_batch: int = 64
+    max_len: int = 4096               # tokens per sequence, prompt and output together
+    dtype: str = "float32"            # compute dtype
+    param_dtype: str = "auto"         # see `param_dtype`
+    engine: str = "continuous"
+    seed: int = 0                     # --tiny init seed and sampler seed
+    weight_version: str = "default"
+    served_model_name: str = "orchestrax"
+    api_key: str | None = None        # None: $ORCHESTRAX_SERVE_API_KEY, if set
+    weight_root: tuple[str, ...] = ()  # update_weights_from_disk loads only below these
+    limits: ServeLimits = dataclasses.field(default_factory=ServeLimits)
+
+    def __post_init__(self):
+        if not self.model:
+            raise ValueError("ServeConfig.model=''; give a directory or 'tiny'")
+        for name, allowed in (("dtype", ("float32", "bfloat16")), ("engine", ENGINES),
+                              ("param_dtype", PARAM_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ServeConfig.{name}={getattr(self, name)!r}; allowed: "
+                                 f"{', '.join(allowed)}")
+        for name, low in (("max_batch", 1), ("max_len", 2), ("port", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"ServeConfig.{name}={getattr(self, name)}; must be >= {low}")
+
+
+def config() -> ServeConfig:
+    """What `orchestrax serve` starts from without --config (its flags then say what to serve)."""
+    return ServeConfig()
 
 
 def param_dtype(name: str, backend: str | None = None) -> str:
@@ -39,11 +77,11 @@ def param_dtype(name: str, backend: str | None = None) -> str:
     return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
-def start_error(args: argparse.Namespace) -> str | None:
-    """Why these arguments cannot start a server (one line naming the flag), or None."""
+def start_error(args: ServeConfig) -> str | None:
+    """Why this config cannot start a server (one line naming the flag), or None."""
     if args.api_key is not None and not args.api_key.strip():
-        return ("--api-key (or $ORCHESTRAX_SERVE_API_KEY) is empty: that would turn the bearer "
-                "check off; give a key, or unset it to serve without one")
+        return (f"--api-key (or ${API_KEY_ENV}) is empty: that would turn the bearer check off; "
+                "give a key, or unset it to serve without one")
     for root in args.weight_root:
         if not os.path.isdir(root):
             return f"--weight-root {root!r} is not a directory"
@@ -55,14 +93,14 @@ def start_error(args: argparse.Namespace) -> str | None:
             return f"--host {host!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1)"
     elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", host):
         return f"--host {host!r} is not a host name or IP address"
-    if not 0 <= args.port <= 65535:
+    if args.port > 65535:
         return f"--port {args.port}; must be in [0, 65535]"
     return None
 
 
-def build_state(args: argparse.Namespace) -> ServerState:
+def build_state(args: ServeConfig) -> ServerState:
     pdt = param_dtype(args.param_dtype)
-    if args.tiny:
+    if args.model == TINY:
         tokenizer, template = registry.build_tokenizer("tiny"), None  # carries its own template
         cfg = models.tiny_config(vocab_size=len(tokenizer), dtype=args.dtype)
         params = models.init_params(cfg, seed=args.seed)
@@ -82,13 +120,13 @@ def build_state(args: argparse.Namespace) -> ServerState:
     # Weight updates load in the served dtype: the server refuses a tree whose dtypes differ.
     return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
                        tokenizer_path=tok_path, chat_template=template,
-                       served_model_name=args.served_model_name, limits=limits(args),
+                       served_model_name=args.served_model_name, limits=args.limits,
                        api_key=args.api_key, weight_roots=tuple(args.weight_root),
                        load_weights=lambda path: models.load_hf(path, dtype=args.dtype,
                                                                 param_dtype=pdt))
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _run(args: ServeConfig) -> None:
     state = build_state(args)
     try:
         runner = await start(state, host=args.host, port=args.port)
@@ -119,7 +157,9 @@ def check_port_free(host: str, port: int) -> None:
                           "listens there or pick another --port") from None
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: ServeConfig) -> int:
+    if args.api_key is None and os.environ.get(API_KEY_ENV) is not None:
+        args = dataclasses.replace(args, api_key=os.environ[API_KEY_ENV])
     why = start_error(args)
     if why is not None:
         raise SystemExit(f"orchestrax serve: {why}")
