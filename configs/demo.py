@@ -18,7 +18,8 @@ OUT = "runs/demo"
 SFT_STEPS = 60
 STEPS = 12  # GRPO steps of the one policy
 ENV = RoutingConfig(num_eval=16, preferences=("pool:cost", "pool:latency"),
-                    eval_preferences=("pool:cost", "pool:latency"), eval_pool="train")
+                    eval_preferences=("pool:cost", "pool:latency"), eval_pool="train",
+                    restate_preference=True)
 
 
 def config_warmstart() -> TrainConfig:

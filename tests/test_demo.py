@@ -19,3 +19,4 @@ def test_preferred_shares_count_calls_per_kind():
     shares = demo.preferred_shares(records, RoutingConfig())
     assert shares == {"cost": 2 / 4, "latency": 1.0}
     assert math.isnan(demo.preferred_shares(records[:2], RoutingConfig())["latency"])
+

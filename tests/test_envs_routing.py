@@ -300,3 +300,27 @@ def test_every_training_step_holds_the_kinds_in_equal_shares():
         kinds = [t.metadata["preference_kind"] for t in step]
         assert kinds.count("cost") == kinds.count("latency") == 4
         assert len({t.task_id for t in step}) == 8
+
+
+def test_restated_preference_opens_the_call_turn_and_never_picks_the_tool():
+    """restate_preference: the demonstration's call turn starts with the objective the task's
+    P weighs, the call still parses and runs, and the tool stays uniform whatever the kind."""
+    tok = tiny_qwen3_tokenizer(512)
+    env = RoutingEnv(RoutingConfig(num_train=64, preferences=("pool:cost", "pool:latency"),
+                                   restate_preference=True))
+    cfg = EpisodeConfig(max_turns=3, context_tokens=768, max_new_tokens=48, enable_thinking=False)
+    rng = np.random.default_rng(0)
+    tasks = env.tasks("train")
+    scripts = [env.demonstration(t, rng) for t in tasks]
+    for task, turns in zip(tasks, scripts):
+        assert turns[0].startswith(f"Priority: low {task.metadata['preference_kind']}.\n")
+    traj = asyncio.run(run_episode(ScriptedSampler(tok, turns=scripts[0]), tok, tasks[0],
+                                   env.tools(tasks[0]), config=cfg))
+    assert traj.end_reason == "answer" and traj.format_errors == 0
+    assert asyncio.run(env.verify(tasks[0], traj)) == 1.0
+    for kind in ("cost", "latency"):
+        picked = [s[0].split('"name": "')[1].split('"')[0]
+                  for t, s in zip(tasks, scripts) if t.metadata["preference_kind"] == kind]
+        assert set(picked) == {t.name for t in env.config.tools}  # all three, for either kind
+    plain = RoutingEnv(RoutingConfig(num_train=4, preferences=("pool:cost", "pool:latency")))
+    assert plain.demonstration(plain.tasks("train")[0], rng)[0].startswith("<tool_call>")

@@ -73,6 +73,10 @@ class RoutingConfig(EnvConfig):
     # The pairs the eval split's pool kinds draw from: "eval" (phrasings no training task has)
     # or "train" (held-out tasks, the training phrasings).
     eval_pool: str = "eval"
+    # Demonstrations open the tool-call turn with which objective the task's instruction weighs
+    # ("Priority: low cost." / "Priority: low latency."), still calling a uniformly random
+    # tool: the warm start teaches reading the instruction, never which tool serves it.
+    restate_preference: bool = False
 
     def __post_init__(self):
         if self.num_train < 1 or self.num_eval < 1:
@@ -228,10 +232,14 @@ class RoutingEnv(Environment):
 
     def demonstration(self, task: Task, rng) -> list[str]:
         """Assistant turns of a correct episode with a uniformly random tool (format, no
-        preference): a call, then the answer. `rng`: a numpy Generator."""
+        preference): a call (after the restated objective with `restate_preference`), then the
+        answer. `rng`: a numpy Generator."""
         tool = self.config.tools[int(rng.integers(len(self.config.tools)))].name
-        return ['<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % tool,
-                "<answer>done</answer>"]
+        call = '<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % tool
+        kind = task.metadata["preference_kind"]
+        if self.config.restate_preference and kind in ("cost", "latency"):
+            call = f"Priority: low {kind}.\n{call}"
+        return [call, "<answer>done</answer>"]
 
     def stats(self, tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """preferred_tool_rate_<kind>: share of episodes whose calls all went to the preferred
