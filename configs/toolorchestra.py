@@ -102,8 +102,9 @@ def mixture(user: tuple[str, str] | None = USER, *, tau2_domains=("retail", "air
     domains += [(f"toolscale_{pathlib.Path(folder).name}",
                  ToolScaleConfig(domain=folder, tasks=tasks)) for folder, tasks in toolscale]
     qa = [(f"qa_{name}", QAConfig(path=str(DATA / "qa" / f"{name}.jsonl"))) for name in qa_sets]
+    qa_share = 1 - tool_share if domains else 1.0
     out = [MixSource(name=n, weight=tool_share / len(domains), env=e) for n, e in domains]
-    out += [MixSource(name=n, weight=(1 - tool_share) / len(qa), env=e) for n, e in qa]
+    out += [MixSource(name=n, weight=qa_share / len(qa), env=e) for n, e in qa]
     return MixConfig(sources=tuple(out))
 
 
@@ -217,9 +218,9 @@ def rehearsal_ports() -> dict[str, int]:
 def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
     """The recipe at CPU size, run by `orchestrax rehearse`: a tiny random Qwen3 as 2 processes x
     4 CPU devices, each process's rollouts on its own loopback server, every LLM tool and the
-    tau2 user a tiny local server, BM25 over 200 passages of the Wikipedia corpus, one tau2
-    domain and two QA sets, a warm start long enough for the tiny policy to learn the tool-call
-    format (so that rollouts call tools), a few GRPO steps."""
+    tau2 user a tiny local server, BM25 over 200 passages of the Wikipedia corpus, two QA sets,
+    a warm start on tool-call conversations (24 steps did not yet teach the tiny policy the
+    format: BUILD.md), a few GRPO steps."""
     ports = rehearsal_ports()
     expert = {role: f"http://127.0.0.1:{ports[role]}/v1" for role in ("generalists", "specialists")}
     experts = {model: (expert["specialists" if model.startswith("qwen2.5") else "generalists"],
@@ -232,18 +233,20 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         model=models.tiny_config(vocab_size=512, hidden_size=64, intermediate_size=128,
                                  num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32),
         grpo=grpo(num_minibatches=2, num_microbatches=1, logprob_chunk=None),
-        sft_optim=OptimizerConfig(lr=3e-3, warmup_steps=2, schedule="cosine", total_steps=16,
+        sft_optim=OptimizerConfig(lr=3e-3, warmup_steps=2, schedule="cosine", total_steps=24,
                                   weight_decay=0.0),
         rollout=rollout(backend="sglang",
                         server_urls=tuple(f"http://127.0.0.1:{ports[f'rollout-{i}']}"
                                           for i in range(2)),
-                        group_size=4, tasks_per_step=4, max_turns=3, context_tokens=12_288,
+                        group_size=4, tasks_per_step=4, max_turns=3, context_tokens=3072,
                         max_new_tokens=48, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),
-        env=mixture(user, tau2_domains=("retail",), qa_sets=("bamboogle_125", "aime_2024_2025")),
+        # No tau2 domain: a retail prompt with its tools is 10.6k tiny-tokenizer tokens, which
+        # made the warm start alone take over 20 minutes on two shared cores.
+        env=mixture(user, tau2_domains=(), qa_sets=("bamboogle_125", "aime_2024_2025")),
         tools=tools(experts, search_backend="bm25", search_titles=titles, web=False,
                     llm_max_tokens=16),
-        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=16, sft_batch=8, steps=4,
+        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=24, sft_batch=8, steps=4,
         out_dir=out_dir, checkpoint_every=2, eval_every=0, eval_tasks=8)
 
 

@@ -82,6 +82,12 @@ def _synth_parser(sub: argparse._SubParsersAction) -> None:
                                                "from an OpenAI-compatible generator"))
 
 
+def _rehearse_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.train.rehearse import add_arguments
+    add_arguments(sub.add_parser("rehearse", help="the whole recipe in miniature on this "
+                                 "machine: servers, 2 JAX trainer processes, export, eval"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrax")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _eval_parser(sub)
     _synth_parser(sub)
+    _rehearse_parser(sub)
     for p in sub.choices.values():
         p.add_argument("--debug", action="store_true", default=False,
                        help="show the traceback of a user error (bad config, path, flag)")
@@ -139,6 +146,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "train":
         from orchestrax.train.main import run
         return run(args.config, args.set)
+    if args.command == "rehearse":
+        from orchestrax.train.rehearse import run as run_rehearsal
+        return run_rehearsal(args)
     if args.command == "synth":
         from orchestrax.synth.main import run as run_synth
         return run_synth(args)

@@ -1,0 +1,393 @@
+"""`orchestrax rehearse`: the whole ToolOrchestra run in miniature on this machine, every process
+real and on loopback, then `summary.json`.
+
+    orchestrax rehearse [--config configs/toolorchestra.py:config_rehearsal] [--set k=v ...]
+                        [--out DIR] [--processes 2] [--kill-after-step N]
+
+Phases (wall seconds of each in the summary): `servers` (one `orchestrax serve` per
+`rollout.server_urls` entry, on a random start checkpoint of the run's model; one `orchestrax
+serve --tiny` per loopback LLM endpoint of the config, LLM tools and tau2 user alike; the real
+`sglang-router` in front of the rollout servers), `data` (the warm-start JSONL of tool-call
+conversations, if absent), `train` (the trainer as `--processes` JAX processes joined by
+`jax.distributed` on loopback, 8 / processes CPU devices each: SFT, then GRPO with rollouts
+and weight syncs through each process's own servers, Orbax checkpoints), `export` (HF
+directory), `eval` (the export loaded into the rollout servers and evaluated through the
+router on held-out tasks with the held-out pricing sheet).
+
+`--kill-after-step N` rehearses a crash: once RL step N is in metrics.jsonl, trainer process 1
+is SIGKILLed (then process 0, which can only wait on it), and both are restarted with the same
+command; they resume from the newest complete checkpoint. Every child runs in its own session
+and gets SIGKILL if this process dies; all are stopped on exit, Ctrl-C or failure included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from typing import Any, Iterator, Sequence
+
+from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.train.children import (Child, Fleet, free_port, get_json, post_json, url_port,
+                                       wait_until)
+from orchestrax.train.config import TrainConfig
+from orchestrax.train.main import apply_overrides, load_config
+
+DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
+EVAL_TASKS = ("bamboogle", "aime")
+EVAL_LIMIT = 2     # tasks per eval set
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=DEFAULT_CONFIG,
+                   help=f"configs/x.py:function (default {DEFAULT_CONFIG})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, passed to the trainer too (repeatable)")
+    p.add_argument("--out", help="run directory (default: the config's out_dir); its "
+                                 "weights/ and sft.jsonl move with it")
+    p.add_argument("--processes", type=int, default=2, choices=(1, 2, 4, 8),
+                   help="trainer JAX processes, 8 / processes CPU devices each")
+    p.add_argument("--kill-after-step", type=int, metavar="N",
+                   help="SIGKILL trainer process 1 once RL step N is logged, then restart both")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds for the whole run")
+
+
+def _endpoints(obj: Any) -> Iterator[ChatEndpoint]:
+    """Every ChatEndpoint inside a config (LLM tools, tau2 users, judges)."""
+    if isinstance(obj, ChatEndpoint):
+        yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _endpoints(getattr(obj, f.name))
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _endpoints(x)
+
+
+# --- the phases ----------------------------------------------------------------------------------
+def _start_model(cfg: TrainConfig, directory: pathlib.Path) -> pathlib.Path:
+    """A random checkpoint of the run's architecture for the rollout servers to start on (the
+    trainer publishes its own weights before the first rollout)."""
+    if (directory / "config.json").exists():
+        return directory
+    from orchestrax import models, registry
+    if cfg.model is None:
+        raise ValueError("rehearsal: the config needs `model` (a random-init architecture), "
+                         "not hf_path")
+    tok = directory.with_name(directory.name + "_tokenizer")
+    registry.build_tokenizer(cfg.tokenizer).save_pretrained(tok)
+    models.save_hf(cfg.model, models.init_params(cfg.model, cfg.seed + 1), directory,
+                   tokenizer_dir=tok)
+    return directory
+
+
+def _python_env() -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # a server needs one device; trainers get theirs below
+    return env
+
+
+def start_servers(cfg: TrainConfig, out: pathlib.Path, fleet: Fleet,
+                  deadline: float) -> dict[str, Any]:
+    py = [sys.executable, "-m", "orchestrax.cli", "serve"]
+    start = out / "start_model"
+    pathlib.Path(cfg.rollout.weight_sync_dir).mkdir(parents=True, exist_ok=True)
+    weight_roots = sorted({str(out.resolve()),
+                           str(pathlib.Path(cfg.rollout.weight_sync_dir).resolve())})
+    rollout = list(dict.fromkeys(cfg.rollout.server_urls))
+    env = _python_env()
+    for i, url in enumerate(rollout):
+        fleet.start(f"rollout-{i}", [*py, "--model", str(start), "--port", str(url_port(url)),
+                                     "--max-len", str(cfg.rollout.context_tokens + 1),
+                                     "--max-batch", "16", "--seed", str(cfg.seed),
+                                     *(a for r in weight_roots for a in ("--weight-root", r))],
+                    env=env)
+    experts = sorted({e.base_url.rstrip("/").removesuffix("/v1") for e in _endpoints(cfg)})
+    for i, base in enumerate(experts):
+        fleet.start(f"expert-{i}", [*py, "--tiny", "--port", str(url_port(base)), "--max-len",
+                                    "4096", "--max-batch", "16", "--seed", str(100 + i)],
+                    env=env)
+    router = f"http://127.0.0.1:{free_port()}"
+    fleet.start("router", [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
+                           *rollout, "--host", "127.0.0.1", "--port", str(url_port(router)),
+                           "--policy", "round_robin", "--log-level", "warn"], env=env)
+    for url in [*rollout, *experts]:
+        wait_until(fleet, lambda u=url: urllib.request.urlopen(f"{u}/health", timeout=5).status
+              == 200, f"{url}/health", deadline)
+
+    def router_ready() -> bool:
+        workers = get_json(f"{router}/workers")["workers"]
+        return len(workers) == len(rollout) and all(w["is_healthy"] for w in workers)
+
+    wait_until(fleet, router_ready, f"sglang-router at {router} to register {rollout}", deadline)
+    return {"rollout": rollout, "experts": experts, "router": router}
+
+
+TOOL_ARGUMENTS = {"python": {"code": "print(6 * 7)"}, "local_search": {"query": "history"}}
+
+
+def write_sft_data(cfg: TrainConfig, path: pathlib.Path) -> int:
+    """Warm-start conversations over the run's train tasks: each calls one of the catalog's
+    tools (round robin) with a fixed short argument, reads a stand-in observation and answers
+    (the gold answer where the task has one). The warm start only teaches the tool-call
+    format, as the paper's does; returns the number of records."""
+    from orchestrax import registry
+    from orchestrax.train import setup
+    env = setup.make_env(cfg)
+    names = sorted(registry.build_catalog(cfg.tools)) if cfg.tools is not None else []
+    if not names:
+        raise ValueError("rehearsal: the config has no tools to warm-start calls to")
+    lines = []
+    for i, task in enumerate(env.tasks("train")):
+        name = names[i % len(names)]
+        call = {"name": name, "arguments": TOOL_ARGUMENTS.get(name, {"query": "help"})}
+        messages = [dict(m) for m in task.messages]
+        if messages[-1]["role"] != "user":  # tau2: the simulated user opens
+            messages.append({"role": "user", "content": "Hi, I need help with an order."})
+        answer = task.answer[0] if task.answer else "Done."
+        messages += [{"role": "assistant",
+                      "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
+                     {"role": "tool", "content": "ok"},
+                     {"role": "assistant", "content": f"<answer>{answer}</answer>"}]
+        lines.append(json.dumps({"messages": messages}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(path)
+    return len(lines)
+
+
+def _trainer_argv(spec: str, sets: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "orchestrax.cli", "train", "--config", spec,
+            *(a for s in sets for a in ("--set", s))]
+
+
+def _start_trainers(fleet: Fleet, argv: list[str], processes: int) -> list[Child]:
+    port = free_port()
+    out = []
+    for i in range(processes):
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+        if processes > 1:
+            env |= {"COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                    "NUM_PROCESSES": str(processes), "PROCESS_ID": str(i)}
+        out.append(fleet.start(f"trainer-{i}", argv, env=env))
+    return out
+
+
+def _rows(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _checkpoints(out: pathlib.Path) -> list[int]:
+    """Committed checkpoint steps (Orbax writes a step under a temporary name and renames it
+    when every process has finished it)."""
+    root = out / "checkpoints"
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+
+
+def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, fleet: Fleet,
+          processes: int, kill_after: int | None, deadline: float) -> dict[str, Any]:
+    argv = _trainer_argv(spec, sets)
+    metrics = out / "metrics.jsonl"
+    info: dict[str, Any] = {"resumed_from": None, "killed_after_step": None}
+    # A rerun of a finished or crashed rehearsal resumes too: the newest checkpoint before start.
+    before = _checkpoints(out)
+    if before:
+        info["resumed_from"] = before[-1]
+    trainers = _start_trainers(fleet, argv, processes)
+    while True:
+        codes = [t.proc.poll() for t in trainers]
+        if any(c not in (None, 0) for c in codes):
+            bad = next(t for t, c in zip(trainers, codes) if c not in (None, 0))
+            raise RuntimeError(f"{bad.name} exited with {bad.proc.returncode}; its log "
+                               f"{bad.log} ends:\n{bad.tail()}")
+        if all(c == 0 for c in codes):
+            break
+        if kill_after is not None and info["killed_after_step"] is None and any(
+                r["phase"] == "rl" and r["step"] >= kill_after for r in _rows(metrics)):
+            os.killpg(trainers[-1].proc.pid, signal.SIGKILL)
+            trainers[-1].proc.wait()
+            fleet.stop(trainers)  # the others can only wait on the dead one's collectives
+            shutil.copyfile(metrics, out / "metrics.killed.jsonl")
+            steps = _checkpoints(out)
+            info |= {"killed_after_step": kill_after, "resumed_from": steps[-1] if steps else None}
+            trainers = _start_trainers(fleet, argv, processes)
+            continue
+        if time.monotonic() > deadline:
+            raise TimeoutError("rehearsal: the trainer did not finish in time")
+        time.sleep(0.5)
+    fleet.stop(trainers)
+    return info
+
+
+def evaluate(spec: str, out: pathlib.Path, export: pathlib.Path, servers: dict[str, Any],
+             cfg: TrainConfig, fleet: Fleet) -> dict[str, Any]:
+    """The export, loaded by every rollout server and evaluated through the router on held-out
+    tasks, repriced with the held-out sheet."""
+    for url in servers["rollout"]:
+        reply = post_json(f"{url}/update_weights_from_disk",
+                      {"model_path": str(export.resolve()), "weight_version": "export"})
+        if not reply.get("success"):
+            raise RuntimeError(f"{url} did not load the export: {reply.get('message')}")
+    users = [e for e in _endpoints(cfg.env)]
+    argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy",
+            f"sglang:{servers['router']}", "--tokenizer", str(export), "--tasks", *EVAL_TASKS,
+            "--limit", str(EVAL_LIMIT), "--config", spec, "--sheet", "eval_heldout",
+            "--out", str(out / "eval"), "--no-progress", "--max-error-rate", "1",
+            "--max-turns", str(cfg.rollout.max_turns), "--turn-sweep", str(cfg.rollout.max_turns),
+            "--max-new-tokens", str(cfg.rollout.max_new_tokens),
+            "--context-tokens", str(cfg.rollout.context_tokens),
+            "--seconds-per-token", str(cfg.rollout.seconds_per_token)]
+    if users:
+        argv += ["--user-url", users[0].base_url, "--user-model", users[0].model]
+    child = fleet.start("eval", argv, env=_python_env())
+    if child.proc.wait() != 0:
+        raise RuntimeError(f"orchestrax eval exited with {child.proc.returncode}:\n{child.tail()}")
+    fleet.children.remove(child)
+    payload = json.loads((out / "eval" / "eval.json").read_text())
+    rows = [r for r in payload["rows"] if r.get("turn_limit") in (None, cfg.rollout.max_turns)]
+    return {r["task_set"]: {"accuracy": r["accuracy"], "cents": r["cents_per_task"],
+                           "minutes": r["minutes_per_task"], "tasks": r.get("tasks")}
+            for r in rows}
+
+
+def summarize(out: pathlib.Path, cfg: TrainConfig, processes: int, servers: dict[str, Any],
+              info: dict[str, Any], export: pathlib.Path, evals: dict[str, Any],
+              seconds: dict[str, float]) -> dict[str, Any]:
+    rows = _rows(out / "metrics.jsonl")
+    rl = [r for r in rows if r["phase"] == "rl"]
+    calls: dict[str, float] = {}
+    cost: dict[str, float] = {}
+    for r in rows:
+        if r["phase"] not in ("rl", "eval"):
+            continue
+        for k, v in r.items():
+            if k.startswith("tools/") and k.endswith("/calls"):
+                calls[k[6:-6]] = calls.get(k[6:-6], 0) + v
+            elif k.startswith("tools/") and k.endswith("/cost_usd"):
+                cost[k[6:-9]] = cost.get(k[6:-9], 0.0) + v
+    per_server = {}
+    for url in servers["rollout"]:
+        state = get_json(f"{url}/server_info")["internal_states"][0]
+        per_server[url] = state
+    return {
+        "processes": processes, "devices": 8 // processes * processes,
+        "sft_steps": max((r["step"] for r in rows if r["phase"] == "sft"), default=0),
+        "rl_steps": max((r["step"] for r in rl), default=0),
+        "sft_loss": [r["loss"] for r in rows if r["phase"] == "sft"],
+        "rl_loss": [r.get("loss") for r in rl],
+        "reward_mean": [r.get("reward_mean") for r in rl],
+        "accuracy": [r.get("accuracy") for r in rl],
+        "tool_calls": calls, "cost_usd": cost,
+        "requests": {u: s["requests"] for u, s in per_server.items()},
+        "weight_syncs": {u: {"count": s["weight_updates"] - 1,  # the export's load is not one
+                             "weight_version": info["weight_versions"][u]}
+                         for u, s in per_server.items()},
+        "checkpoints": _checkpoints(out), "resumed_from": info["resumed_from"],
+        "killed_after_step": info["killed_after_step"],
+        "export_dir": str(export), "eval": evals, "seconds": seconds,
+        "exercised": ["sglang-router", "orchestrax serve (rollout)", "orchestrax serve --tiny "
+                      "(LLM tools, tau2 user)", "jax.distributed (gloo)", "SFT from JSONL",
+                      "GRPO", "update_weights_from_disk", "Orbax checkpoints", "HF export",
+                      "orchestrax eval"] + (["SIGKILL and resume"] if info["killed_after_step"]
+                                            is not None else []),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    sets = list(args.set)
+    if args.out:
+        out = pathlib.Path(args.out)
+        sets += [f"out_dir={out}", f"rollout.weight_sync_dir={out / 'weights'}",
+                 f"sft_data=('{out / 'sft.jsonl'}',)"]
+    cfg = apply_overrides(load_config(args.config), sets)
+    if cfg.rollout.backend != "sglang":
+        raise ValueError(f"rehearsal: rollout.backend={cfg.rollout.backend!r}; the rehearsal "
+                         "runs the SGLang path (backend 'sglang')")
+    if len(set(cfg.rollout.server_urls)) < args.processes:
+        raise ValueError(f"rehearsal: rollout.server_urls has {len(set(cfg.rollout.server_urls))} "
+                         f"distinct servers for {args.processes} trainer processes; each process "
+                         "syncs weights to its own")
+    out = pathlib.Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.timeout
+    seconds: dict[str, float] = {}
+    fleet = Fleet(out / "logs")
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        with _phase(seconds, "data"):
+            # In a child: this process forks the others, and a forked JAX process can deadlock.
+            child = fleet.start("prepare", [sys.executable, "-m", "orchestrax.train.rehearse",
+                                            args.config, *sets], env=_python_env())
+            if child.proc.wait() != 0:
+                raise RuntimeError(f"preparing the rehearsal failed:\n{child.tail()}")
+            fleet.children.remove(child)
+            print(child.tail(400).strip(), flush=True)
+        with _phase(seconds, "servers"):
+            servers = start_servers(cfg, out, fleet, deadline)
+        with _phase(seconds, "train"):
+            info = train(cfg, args.config, sets, out, fleet, args.processes,
+                         args.kill_after_step, deadline)
+        # What each server reports after the trainer's last sync, before the export replaces it.
+        info["weight_versions"] = {u: get_json(f"{u}/model_info")["weight_version"]
+                                   for u in servers["rollout"]}
+        export = out / "export"
+        with _phase(seconds, "export"):
+            child = fleet.start("export", [sys.executable, str(_export_script()), str(out),
+                                           str(export), "--overwrite"], env=_python_env())
+            if child.proc.wait() != 0:
+                raise RuntimeError(f"export exited with {child.proc.returncode}:\n{child.tail()}")
+            fleet.children.remove(child)
+        with _phase(seconds, "eval"):
+            evals = evaluate(args.config, out, export, servers, cfg, fleet)
+        seconds["total"] = sum(seconds.values())
+        summary = summarize(out, cfg, args.processes, servers, info, export, evals, seconds)
+    finally:
+        fleet.close()
+        signal.signal(signal.SIGTERM, previous)
+    path = out / "summary.json"
+    path.write_text(json.dumps(summary, indent=2))
+    print(f"rehearsal done in {seconds['total']:.0f} s ("
+          + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+          + f"): {summary['sft_steps']} SFT + {summary['rl_steps']} GRPO steps, "
+          f"{sum(summary['tool_calls'].values()):.0f} tool calls; wrote {path}", flush=True)
+    return 0
+
+
+def _export_script() -> pathlib.Path:
+    import orchestrax
+    return pathlib.Path(orchestrax.__file__).resolve().parents[1] / "scripts" / "export_hf.py"
+
+
+@contextlib.contextmanager
+def _phase(seconds: dict[str, float], name: str):
+    print(f"rehearsal: {name} ...", flush=True)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        seconds[name] = round(time.monotonic() - t0, 1)
+
+
+def prepare(spec: str, sets: Sequence[str]) -> None:
+    """The rollout servers' start checkpoint and the warm-start JSONL, where absent."""
+    cfg = apply_overrides(load_config(spec), sets)
+    _start_model(cfg, pathlib.Path(cfg.out_dir) / "start_model")
+    if cfg.sft_data and not pathlib.Path(cfg.sft_data[0]).exists():
+        n = write_sft_data(cfg, pathlib.Path(cfg.sft_data[0]))
+        print(f"rehearsal: {n} warm-start conversations in {cfg.sft_data[0]}")
+
+
+if __name__ == "__main__":
+    prepare(sys.argv[1], sys.argv[2:])

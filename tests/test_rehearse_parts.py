@@ -1,0 +1,49 @@
+"""`orchestrax rehearse`'s parts that run without starting servers: the endpoints it would serve,
+its warm-start conversations, its refusals."""
+
+import argparse
+import json
+import pathlib
+
+import pytest
+
+from orchestrax.train import rehearse
+from orchestrax.train.main import load_config
+
+CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "toolorchestra.py"
+
+
+def test_endpoints_and_warm_start_conversations(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRAX_REHEARSAL_PORT", "40000")
+    cfg = load_config(f"{CONFIG}:config_rehearsal")
+    bases = {e.base_url for e in rehearse._endpoints(cfg)}
+    assert bases == {"http://127.0.0.1:40010/v1", "http://127.0.0.1:40011/v1"}
+    assert len(set(cfg.rollout.server_urls)) == 2
+    path = tmp_path / "sft.jsonl"
+    n = rehearse.write_sft_data(cfg, path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert n == len(records) > 0
+    names = {t.name for t in cfg.tools.llms} | {"python", "local_search"}
+    called = set()
+    for r in records:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles[-3:] == ["assistant", "tool", "assistant"]
+        call = r["messages"][-3]["content"]
+        assert call.startswith("<tool_call>\n") and call.endswith("\n</tool_call>")
+        called.add(json.loads(call[len("<tool_call>\n"):-len("\n</tool_call>")])["name"])
+        assert r["messages"][-1]["content"].startswith("<answer>")
+    assert called == names  # every tool of the catalog, round robin
+
+
+def test_bad_rehearsal_configs_are_named(tmp_path):
+    args = argparse.Namespace(config=f"{CONFIG}:config_one_h200", set=[], out=str(tmp_path),
+                              processes=2, kill_after_step=None, timeout=10)
+    with pytest.raises(ValueError, match="rollout.backend='embedded'"):
+        rehearse.run(args)
+    args = argparse.Namespace(config=f"{CONFIG}:config_rehearsal",
+                              set=['rollout.server_urls=("http://127.0.0.1:1",)'],
+                              out=str(tmp_path), processes=2, kill_after_step=None, timeout=10)
+    with pytest.raises(ValueError, match="1 distinct servers for 2 trainer processes"):
+        rehearse.run(args)
+    with pytest.raises(ValueError, match="not a loopback URL"):
+        rehearse.url_port("http://10.0.0.1:30000")
