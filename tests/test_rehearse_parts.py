@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from orchestrax.train import rehearse
-from orchestrax.train.main import load_config
+from orchestrax.train.overrides import load_config
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "toolorchestra.py"
 

@@ -39,7 +39,7 @@ from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.train.children import (Child, Fleet, free_port, get_json, post_json, url_port,
                                        wait_until)
 from orchestrax.train.config import TrainConfig
-from orchestrax.train.main import apply_overrides, load_config
+from orchestrax.train.overrides import apply_overrides, load_config
 
 DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
 EVAL_TASKS = ("bamboogle", "aime")
