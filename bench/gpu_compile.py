@@ -215,10 +215,11 @@ def lower_case(case: Case, devices, smoke: bool):
                                                                          x.dtype),
                                     st_shapes._replace(k=None, v=None))
             info["rows"] += f", chunk {chunk}"
+            i32 = one((), jnp.int32)
             return engine_mod._prefill_chunk.lower(
-                scfg, sp, st, one((), jnp.int32), one((chunk,), jnp.int32),
-                one((chunk,), jnp.bool_), one((), jnp.bool_), one((), jnp.bool_), settings,
-                n_top=0), info
+                scfg, sp, st, i32, one((chunk,), jnp.int32), one((chunk,), jnp.bool_), i32,
+                i32, one((), jnp.bool_), one((), jnp.bool_), settings, n_top=0,
+                span=max_len), info
         keep = jax.ShapeDtypeStruct((slots,), jnp.bool_, sharding=rep)
         info["rows"] += ", 1 step"
         return engine_mod._decode.lower(scfg, sp, st, keep, n_steps=1, n_top=0,
@@ -268,16 +269,39 @@ def _result_bytes(line: str) -> int:
     return n * _BYTES.get(m.group(1), 4)
 
 
+def _address_only(hlo: str) -> set[str]:
+    """Computations of XLA:GPU's dynamic-slice fusions: a loop's dynamic slice of a stacked
+    operand (a layer's weights) handed to the consumer as an address offset, so the `copy`
+    that is their root moves no data."""
+    names = set()
+    for ln in hlo.splitlines():
+        if '"dynamic_slice_fusion"' in ln:
+            m = re.search(r"calls=(%[\w.\-]+)", ln)
+            if m:
+                names.add(m.group(1))
+    return names
+
+
 def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
     """Counts from the optimized HLO text: cuDNN custom calls, collectives (static ops: those
-    in the scanned layer body run once per layer), copies at least `big_copy_bytes` large."""
-    lines = [ln for ln in hlo.splitlines() if " = " in ln]
+    in the scanned layer body run once per layer), copies at least `big_copy_bytes` large
+    (data moved: a copy or transpose, as an op or a fusion, not a dynamic-slice fusion's
+    address offset)."""
+    skip, inside = _address_only(hlo), None
+    lines = []
+    for ln in hlo.splitlines():
+        head = re.match(r"\s*(?:ENTRY\s+)?(%[\w.\-]+)\s*\(.*\{\s*$", ln)
+        if head:
+            inside = head.group(1)
+        elif " = " in ln and inside not in skip:
+            lines.append(ln)
     cudnn = sum(1 for ln in lines if "custom-call" in ln and "cudnn" in ln.lower())
     coll = {c: sum(1 for ln in lines if re.search(rf"\b{c}(-start)?\(", ln)) for c in COLLECTIVES}
     copies = []
     if big_copy_bytes:
         for ln in lines:
-            if re.search(r"\bcopy(-start)?\(", ln) or re.search(r"%\S*copy\S*\s*=.*fusion\(", ln):
+            if re.search(r"\b(copy(-start)?|transpose)\(", ln) or re.search(
+                    r"%\S*(copy|transpose)\S*\s*=.*fusion\(", ln):
                 b = _result_bytes(ln)
                 if b >= big_copy_bytes:
                     copies.append(b)
@@ -285,18 +309,19 @@ def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
             "big_copies": len(copies), "big_copy_bytes": sum(copies)}
 
 
-def compile_case(case: Case, smoke: bool) -> dict:
+def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
+    """One case's row; `options` are XLA compiler options (DebugOptions fields, as the
+    XLA_FLAGS of a run would set them: {"xla_gpu_...": value})."""
     devices, usable = target_devices(case.target, case.devices)
     t0 = time.perf_counter()
     lowered, info = lower_case(case, devices, smoke)
     with captured_stderr() as err:
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=options or None)
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
     total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes)
-    facts = hlo_facts(compiled.as_text(), info.get("kv_layer_bytes")
-                      if case.kind == "decode" else None)
+    facts = hlo_facts(compiled.as_text(), info.get("kv_layer_bytes"))
     remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
     try:
         cost = compiled.cost_analysis()
@@ -313,12 +338,12 @@ def compile_case(case: Case, smoke: bool) -> dict:
 # --- table -------------------------------------------------------------------------------------
 HEADER = ("| case | shape | args GiB | temps GiB | total GiB | + held GiB | usable GiB | fits | "
           "cuDNN | "
-          "big copies (decode) | collectives (static ops) | involuntary remat | compile s |")
+          "big copies (sampler) | collectives (static ops) | involuntary remat | compile s |")
 
 
 def row(r: dict) -> str:
     coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
-    copies = "-" if r["case"].kind != "decode" else (
+    copies = "-" if r["case"].kind not in ("decode", "prefill") else (
         f"{r['big_copies']} ({r['big_copy_bytes'] / GIB:.2f} GiB)")
     return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "
             f"| {r['total'] / GIB:.1f} | {r['held'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "
@@ -333,7 +358,16 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--smoke", action="store_true", help="tiny model, real configs' layout")
     ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--xla-flag", action="append", default=[], metavar="NAME=VALUE",
+                    help="an XLA GPU option for every compile (xla_gpu_...=true), as XLA_FLAGS "
+                    "would give it on the GPU machine; repeatable")
     args = ap.parse_args(argv)
+    options = {}
+    for flag in args.xla_flag:
+        name, eq, value = flag.lstrip("-").partition("=")
+        if not eq or not name.startswith("xla_"):
+            raise SystemExit(f"--xla-flag {flag!r}; expected xla_NAME=VALUE")
+        options[name] = {"true": True, "false": False}.get(value.lower(), value)
     words = [w for w in args.only.split(",") if w]
     todo = [c for c in cases() if not words or any(w in c.name for w in words)]
     if not todo:
@@ -344,7 +378,7 @@ def main(argv=None) -> list[dict]:
     print(lines[1], flush=True)
     for case in todo:
         try:
-            r = compile_case(case, args.smoke)
+            r = compile_case(case, args.smoke, options)
         except Exception as e:  # noqa: BLE001 - one failing compile is a row, not the end
             line = f"| {case.name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0][:200]} |"
             print(line, flush=True)

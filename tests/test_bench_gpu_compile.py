@@ -30,3 +30,6 @@ def test_gpu_compile_smoke(tmp_path):
     # Eight H100s: the decode step's collectives are there, its memory fits 80 GB.
     assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
     assert "all-gather" in decode, decode
+    # The decode step writes the donated slot cache in place: no copy or transpose of a
+    # layer's cache or more in the HLO XLA made for the H100 (the engine before it had 5).
+    assert decode.split("|")[10].strip() == "0 (0.00 GiB)", decode

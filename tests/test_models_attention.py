@@ -6,6 +6,7 @@ import functools
 
 import chex
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -207,3 +208,41 @@ def test_profiles_name_blocks_attention_and_lm_head():
         debug_info=True)
     for scope in ("block/attention", "block/mlp", "lm_head"):
         assert scope in hlo, scope
+
+
+def test_queries_at_one_cache_offset_per_row():
+    q, k, v = qkv(t=5, s=19)
+    valid = padded(3, 19)
+    offsets = jnp.asarray([0, 6, 14])   # a slot cache: each row writes at its own index
+    got = jax.jit(functools.partial(attention, block_q=2, block_k=4))(q, k, v, valid, offsets)
+    for r in range(3):   # every query here sees at least one real key
+        want = materialised_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], valid[r:r + 1],
+                                      offsets[r])
+        np.testing.assert_allclose(np.asarray(got[r:r + 1]), np.asarray(want), atol=1e-5,
+                                   rtol=0)
+
+
+def _primitives(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+@pytest.mark.parametrize("offset", [0, "traced"])
+def test_the_chunked_path_has_no_conditional_to_sync_on(offset):
+    """A conditional inside the block loop makes XLA:GPU copy its predicate to the host once
+    per (query block, key block) pair and layer; the pair schedule is static instead."""
+    q, k, v = qkv(t=13)
+    valid = padded(3, 13)
+    seg = packed_segments() if offset == 0 else None
+    off = 0 if offset == 0 else jnp.asarray(0)
+
+    def loss(q, k, v):
+        return jnp.sum(attention(q, k, v, valid, off, segment_ids_BT=seg, block_q=4,
+                                 block_k=4, fused=None))
+
+    prims = _primitives(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+    assert "scan" in prims and "cond" not in prims, prims

@@ -216,9 +216,10 @@ def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucke
     monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
         chex.assert_max_traces(engine_mod._decode_impl, n=3), ("cfg", "n_steps", "n_top",
                                                                 "span")))
-    # Chunk buckets 16 and 32 (prompts of 3..70 tokens, 32-token chunks): two prefill traces.
+    # Prompts of 3..70 tokens in 32-token chunks: (chunk, span) buckets (16, 32) for the short
+    # ones, (32, 32), (32, 64), (32, 128) for the chunks of the long ones: four prefill traces.
     monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
-        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=2), ("cfg", "n_top")))
+        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=4), ("cfg", "n_top", "span")))
     eng = ContinuousEngine(cfg, p, max_batch=3, max_len=128, prefill_chunk=32)
     results = []
     for i, (n, new) in enumerate([(3, 5), (70, 9), (16, 2), (31, 11), (12, 1), (50, 4)]):
@@ -245,3 +246,70 @@ def test_bench_gpu_smoke(tmp_path):
     for field in ("train_step", "sampler@", "pool start", "memory"):
         assert field in line, line
     assert "FAILED" not in line and "TIMEOUT" not in line, line
+
+
+# --- prefix cache -------------------------------------------------------------------------------
+def _episode_group(params, *, prefix_cache: bool, turns: int = 2, g: int = 3, max_batch: int = 4):
+    """G samples of one 20-token prompt, each played `turns` turns: the next turn's prompt is
+    the previous prompt + its reply + a 5-token 'tool output'. Returns (results per turn,
+    engine stats)."""
+    eng = ContinuousEngine(CFG, params, max_batch=max_batch, max_len=160, prefill_chunk=16,
+                           min_chunk=8, prefix_cache=prefix_cache)
+    prompts = [prompt(20, 5)] * g
+    out = []
+    for turn in range(turns):
+        reqs = [GenerateRequest(input_ids=p, sampling=SamplingParams(
+            temperature=0.0 if i == 0 else 1.0, max_new_tokens=5, sampling_seed=10 * turn + i))
+            for i, p in enumerate(prompts)]
+        res = eng.generate(reqs)
+        out.append(res)
+        prompts = [p + r.output_ids + prompt(5, 100 + 10 * turn + i)
+                   for i, (p, r) in enumerate(zip(prompts, res))]
+    return out, eng.stats
+
+
+def test_prefix_cache_same_tokens_and_logprobs_and_exact_counters(params):
+    cached, on = _episode_group(params, prefix_cache=True)
+    plain, off = _episode_group(params, prefix_cache=False)
+    for turn_c, turn_p in zip(cached, plain):
+        for c, p in zip(turn_c, turn_p):
+            assert c.output_ids == p.output_ids     # greedy row 0, seeded T = 1 rows 1, 2
+            np.testing.assert_allclose(c.logprobs, p.logprobs, atol=1e-5, rtol=0)
+    # By hand. Turn 1: the first sample prefills the 20-token prompt; the other two wait for
+    # it, then copy its first 19 tokens (a prompt's last token is always computed) and
+    # prefill 1 each. Turn 2 (20 + 5 + 5 = 30 tokens): each sample's own slot holds its
+    # prompt + the first 4 reply tokens (the 5th was sampled, never fed): 24 cached, 6
+    # computed each.
+    assert [r.cached_tokens for r in cached[0]] == [0, 19, 19]
+    assert [r.cached_tokens for r in cached[1]] == [24, 24, 24]
+    assert on["prefill_tokens"] == 20 + 1 + 1 + 3 * 6 and on["cached_tokens"] == 38 + 72
+    assert on["prefix_copies"] == 2
+    assert off["prefill_tokens"] == 3 * 20 + 3 * 30 and off["cached_tokens"] == 0
+    assert all(r.cached_tokens == 0 for turn in plain for r in turn)
+
+
+def test_prefix_cache_under_eviction_stays_exact(params):
+    # Two slots for three samples over three turns: kept prefixes are evicted and recomputed.
+    cached, on = _episode_group(params, prefix_cache=True, turns=3, max_batch=2)
+    plain, _ = _episode_group(params, prefix_cache=False, turns=3, max_batch=2)
+    for turn_c, turn_p in zip(cached, plain):
+        for c, p in zip(turn_c, turn_p):
+            assert c.output_ids == p.output_ids
+            np.testing.assert_allclose(c.logprobs, p.logprobs, atol=1e-5, rtol=0)
+    # Slot 0 went to the third sample in turn 1, so the first one finds only the shared prompt.
+    assert 0 < on["cached_tokens"] and any(r.cached_tokens < 24 for r in cached[1])
+
+
+def test_new_weights_make_kept_prefixes_stale(params):
+    eng = ContinuousEngine(CFG, params, max_batch=2, max_len=96, prefill_chunk=16, min_chunk=8)
+    first = eng.generate([req(20, 7, new=4)])[0]
+    again = GenerateRequest(input_ids=prompt(20, 7) + first.output_ids,
+                            sampling=SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert eng.generate([again])[0].cached_tokens == 23
+    other = models.init_params(CFG, 1)
+    eng.params = other
+    res = eng.generate([again])[0]
+    assert res.cached_tokens == 0
+    fresh = ContinuousEngine(CFG, other, max_batch=2, max_len=96, prefill_chunk=16,
+                             min_chunk=8).generate([again])[0]
+    assert res.output_ids == fresh.output_ids

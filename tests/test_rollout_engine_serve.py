@@ -197,17 +197,23 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
         return engine_mod._decode_impl(cfg, params, s, keep_R, n_steps=n_steps, n_top=n_top,
                                        span=span)
 
-    def prefill_impl(cfg, params, s, slot, ids_C, valid_C, first, last, settings, *, n_top):
+    def prefill_impl(cfg, params, s, slot, ids_C, *rest, n_top, span):
         traces["prefill"] += 1
-        return engine_mod._prefill_chunk_impl(cfg, params, s, slot, ids_C, valid_C, first,
-                                              last, settings, n_top=n_top)
+        return engine_mod._prefill_chunk_impl(cfg, params, s, slot, ids_C, *rest, n_top=n_top,
+                                              span=span)
 
-    # Upper bounds: S buckets 16..128 (four), chunk buckets 8, 16, 32 (three); the exact
-    # counts (one trace per bucket used) are checked at the end.
+    # Upper bounds: S buckets 16..128 (four); (chunk, span) buckets: chunks 8, 16, 32 read
+    # spans 16..128 (at most 3 x 4); the exact counts (one trace per bucket used) are checked
+    # at the end.
     monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
         chex.assert_max_traces(decode_impl, n=4), ("cfg", "n_steps", "n_top", "span")))
-    monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
-        chex.assert_max_traces(prefill_impl, n=3), ("cfg", "n_top")))
+    jitted = engine_mod._jit(chex.assert_max_traces(prefill_impl, n=12),
+                             ("cfg", "n_top", "span"))
+
+    def prefill(cfg, params, s, slot, ids_C, *rest, n_top, span):
+        chunks.add((len(ids_C), span))
+        return jitted(cfg, params, s, slot, ids_C, *rest, n_top=n_top, span=span)
+    monkeypatch.setattr(engine_mod, "_prefill_chunk", prefill)
     sampler = ContinuousSampler(cfg, p, max_batch=3, max_len=128, prefill_chunk=32,
                                 min_chunk=8, decode_steps=2)
     real_span = sampler.engine.span
@@ -218,12 +224,10 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
             temperature=0.5 * (i % 3), max_new_tokens=new, sampling_seed=i))
             for i, (n, new) in enumerate([(3, 5), (70, 9), (12, 30), (31, 11), (5, 1),
                                           (50, 4), (20, 60)])]
-        for r in reqs:
-            chunks.add(sampler.engine._chunking(len(r.input_ids))[1])
         return await sampler.generate(reqs)
     results = asyncio.run(main())
     assert [len(r.output_ids) for r in results] == [5, 9, 30, 11, 1, 4, 60]
-    assert chunks == {8, 16, 32} and 128 in spans and len(spans) >= 2
+    assert {c for c, _ in chunks} == {8, 16, 32} and 128 in spans and len(spans) >= 2
     assert traces == {"decode": len(spans), "prefill": len(chunks)}
 
 

@@ -3,16 +3,18 @@
 Letters as in model.py: B batch, T queries, S keys, N query heads, K kv heads, G = N / K, H head
 dim; `bq`/`bk` are block lengths, `nq`/`nk` block counts.
 
-Query `t` sits at slot `q_offset + t` and sees key `s` when `s <= q_offset + t` and
-`kv_valid[b, s]`: the training forward has `q_offset = 0, S = T`; a KV-cache step has
-`q_offset` = the cache index. A packed row (several sequences one after another) adds
+Query `t` of row `b` sits at slot `q_offset[b] + t` and sees key `s` when
+`s <= q_offset[b] + t` and `kv_valid[b, s]`: the training forward has `q_offset = 0, S = T`; a
+KV-cache step has `q_offset` = the cache index (one for the batch, or one per row [B] for a slot
+cache). A packed row (several sequences one after another) adds
 `segment_ids[b, t] == segment_ids[b, s]`, so each sequence sees only itself. That mask is never
 built as a [B, T, S] array.
 
 Scores are made one (query block, key block) pair at a time with an online softmax (the
 flash-attention recurrence) and a custom VJP that recomputes them in the backward pass from the
-output and its log-sum-exp, so neither pass keeps anything of size T x S. Pairs that causality
-masks entirely are skipped. Rows with no visible key (left padding) give 0.
+output and its log-sum-exp, so neither pass keeps anything of size T x S. Each pass is one loop
+over a static list of pairs; with a static query offset (training) the pairs that causality
+masks entirely are not in it. Rows with no visible key (left padding) give 0.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 BLOCK_Q = 512
 BLOCK_K = 512
@@ -112,9 +115,12 @@ def _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k,
     segments = None if segment_ids_BT is None else _segment_blocks(segment_ids_BT, nq, bq, nk, bk)
     # Tie the mask's inputs to q: under a layer scan they are loop-invariant, and JAX would
     # hoist every mask tile out of the loop as one [nq, nk, ..., bq, bk] residual (T x S again).
-    q_nBTKGH, valid_nBS, segments, q_offset = jax.lax.optimization_barrier(
-        (q_nBTKGH, valid_nBS, segments, jnp.asarray(q_offset, jnp.int32)))
-    out_nBTKGH = _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset)
+    q_offset_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (b,))
+    q_nBTKGH, valid_nBS, segments, q_offset_B = jax.lax.optimization_barrier(
+        (q_nBTKGH, valid_nBS, segments, q_offset_B))
+    causal_offset = q_offset if isinstance(q_offset, int) else None
+    out_nBTKGH = _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset_B,
+                        causal_offset)
     out = jnp.moveaxis(out_nBTKGH, 0, 1).reshape(b, nq * bq, n, h)
     return out[:, :t]
 
@@ -129,24 +135,16 @@ def _segment_blocks(segment_ids_BT, nq, bq, nk, bk):
     return blocks(nq, bq), blocks(nk, bk)
 
 
-def _slots(block: int, size: int, offset) -> jax.Array:
-    return offset + block * size + jnp.arange(size)
-
-
-def _visible(i, j, bq, bk, valid_BS, q_offset, segments=None) -> jax.Array:
+def _visible(i, j, bq, bk, valid_BS, q_offset_B, segments=None) -> jax.Array:
     """[B, 1, 1, bq, bk] mask of query block i against key block j; `segments` is that pair's
-    (query ids [B, bq], key ids [B, bk]) or None."""
-    causal_TS = _slots(j, bk, 0)[None, :] <= _slots(i, bq, q_offset)[:, None]
-    mask_BTS = valid_BS[:, None, :] & causal_TS[None]
+    (query ids [B, bq], key ids [B, bk]) or None. Row b's queries sit at q_offset_B[b] + t."""
+    q_slots_BT = q_offset_B[:, None] + i * bq + jnp.arange(bq)[None]
+    causal_BTS = (j * bk + jnp.arange(bk))[None, None, :] <= q_slots_BT[:, :, None]
+    mask_BTS = valid_BS[:, None, :] & causal_BTS
     if segments is not None:
         q_seg_BT, k_seg_BS = segments
         mask_BTS = mask_BTS & (q_seg_BT[:, :, None] == k_seg_BS[:, None, :])
     return mask_BTS[:, None, None]
-
-
-def _needed(i, j, bq, bk, q_offset) -> jax.Array:
-    """False when causality hides key block j from every query of block i."""
-    return j * bk <= q_offset + (i + 1) * bq - 1
 
 
 def _scores(q_BTKGH, k_BSKH) -> jax.Array:
@@ -160,45 +158,68 @@ def _pair(q_seg, k_seg):
     return None if q_seg is None else (q_seg, k_seg)
 
 
-@jax.custom_vjp
-def _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
-    return _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset)[0]
+def _schedule(nq: int, nk: int, bq: int, bk: int, causal_offset: int | None, key_major: bool):
+    """The (query block, key block) pairs a pass visits, as static int32/bool arrays (i, j,
+    first of its group, last of its group); groups are query blocks (forward) or key blocks
+    (backward, `key_major`). With a static query offset the pairs causality hides entirely
+    are left out; with a traced one every pair is visited (masked), so no pass ever asks the
+    host which pairs to run (a conditional per pair would be a device-to-host sync on GPU)."""
+    pairs = [(i, j) for i in range(nq) for j in range(nk)
+             if causal_offset is None or j * bk <= causal_offset + (i + 1) * bq - 1]
+    if key_major:
+        pairs.sort(key=lambda p: (p[1], p[0]))
+    group = [p[1] if key_major else p[0] for p in pairs]
+    first = [n == 0 or group[n - 1] != group[n] for n in range(len(pairs))]
+    last = [n == len(pairs) - 1 or group[n + 1] != group[n] for n in range(len(pairs))]
+    i, j = zip(*pairs)
+    return (np.asarray(i, np.int32), np.asarray(j, np.int32), np.asarray(first),
+            np.asarray(last))
 
 
-def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset):
+def _at(x, n):
+    return None if x is None else jax.lax.dynamic_index_in_dim(x, n, 0, keepdims=False)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset_B, causal_offset):
+    return _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset_B,
+                      causal_offset)[0]
+
+
+def _flash_fwd(q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset_B, causal_offset):
     nq, b, bq, kh, g, h = q_nBTKGH.shape
-    bk = k_nBSKH.shape[2]
+    nk, bk = k_nBSKH.shape[0], k_nBSKH.shape[2]
     q_seg_nBT, k_seg_nBS = (None, None) if segments is None else segments
-    residuals = (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset)
-    if nq == 1 and k_nBSKH.shape[0] == 1:
+    residuals = (q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset_B)
+    if nq == 1 and nk == 1:
         # One tile (T <= block_q and S within a tile: short rows, every decode step): a plain
         # masked softmax; the loop machinery of the recurrence below costs ~8% at T = 512 on CPU.
         pair = None if segments is None else (q_seg_nBT[0], k_seg_nBS[0])
-        mask = _visible(0, 0, bq, bk, valid_nBS[0], q_offset, pair)
+        mask = _visible(0, 0, bq, bk, valid_nBS[0], q_offset_B, pair)
         carry = _online_softmax(_empty(b, kh, g, bq, h), q_nBTKGH[0], k_nBSKH[0], v_nBSKH[0],
                                 mask)
         out, lse = _normalise(*carry, q_nBTKGH.dtype)
         return out[None], residuals + (out[None], lse[None])
 
-    def one_query_block(xs):
-        i, q_BTKGH, q_seg_BT = xs
+    # One loop over the visited pairs, query-block major: the online softmax restarts at a
+    # group's first pair, and its last pair writes the block's output and log-sum-exp.
+    def step(c, xs):
+        i, j, first, last = xs
+        carry, out, lse = c
+        carry = jax.tree.map(lambda e, x: jnp.where(first, e, x), _empty(b, kh, g, bq, h),
+                             carry)
+        pair = None if segments is None else (_at(q_seg_nBT, i), _at(k_seg_nBS, j))
+        mask = _visible(i, j, bq, bk, _at(valid_nBS, j), q_offset_B, pair)
+        carry = _online_softmax(carry, _at(q_nBTKGH, i), _at(k_nBSKH, j), _at(v_nBSKH, j), mask)
+        o, l_ = _normalise(*carry, q_nBTKGH.dtype)
+        out = jax.lax.dynamic_update_index_in_dim(out, jnp.where(last, o, _at(out, i)), i, 0)
+        lse = jax.lax.dynamic_update_index_in_dim(lse, jnp.where(last, l_, _at(lse, i)), i, 0)
+        return (carry, out, lse), None
 
-        def step(carry, ys):
-            j, k_BSKH, v_BSKH, valid_BS, k_seg_BS = ys
-
-            def update(carry):
-                mask = _visible(i, j, bq, bk, valid_BS, q_offset, _pair(q_seg_BT, k_seg_BS))
-                return _online_softmax(carry, q_BTKGH, k_BSKH, v_BSKH, mask)
-
-            needed = _needed(i, j, bq, bk, q_offset)
-            return jax.lax.cond(needed, update, lambda c: c, carry), None
-
-        carry, _ = jax.lax.scan(step, _empty(b, kh, g, bq, h),
-                                (jnp.arange(k_nBSKH.shape[0]), k_nBSKH, v_nBSKH, valid_nBS,
-                                 k_seg_nBS))
-        return _normalise(*carry, q_BTKGH.dtype)
-
-    out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), q_nBTKGH, q_seg_nBT))
+    init = (_empty(b, kh, g, bq, h), jnp.zeros(q_nBTKGH.shape, q_nBTKGH.dtype),
+            jnp.zeros((nq, b, kh, g, bq), jnp.float32))
+    (_, out, lse), _ = jax.lax.scan(step, init, _schedule(nq, nk, bq, bk, causal_offset,
+                                                          key_major=False))
     return out, residuals + (out, lse)
 
 
@@ -230,51 +251,49 @@ def _normalise(m_BKGT, l_BKGT, acc_BKGTH, dtype):
     return jnp.einsum("BKGTH->BTKGH", out_BKGTH).astype(dtype), lse_BKGT
 
 
-def _flash_bwd(res, dout_nBTKGH):
-    q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset, out_nBTKGH, lse_nBKGT = res
+def _flash_bwd(causal_offset, res, dout_nBTKGH):
+    q_nBTKGH, k_nBSKH, v_nBSKH, valid_nBS, segments, q_offset_B, out_nBTKGH, lse_nBKGT = res
     q_seg_nBT, k_seg_nBS = (None, None) if segments is None else segments
     nq, b, bq, kh, g, h = q_nBTKGH.shape
-    bk = k_nBSKH.shape[2]
+    nk, bk = k_nBSKH.shape[0], k_nBSKH.shape[2]
     scale = h ** -0.5
     dt = q_nBTKGH.dtype
     # D_i = rowsum(dO * O): the softmax Jacobian's diagonal term, once per query.
     d_nBKGT = jnp.einsum("nBTKGH,nBTKGH->nBKGT", dout_nBTKGH.astype(jnp.float32),
                          out_nBTKGH.astype(jnp.float32))
 
-    def one_key_block(dq_nBTKGH, xs):
-        j, k_BSKH, v_BSKH, valid_BS, k_seg_BS = xs
-
-        def step(carry, ys):
-            i, q_BTKGH, do_BTKGH, lse_BKGT, d_BKGT, q_seg_BT = ys
-
-            def grads(carry):
-                dk_BSKH, dv_BSKH = carry
-                mask = _visible(i, j, bq, bk, valid_BS, q_offset, _pair(q_seg_BT, k_seg_BS))
-                p = jnp.where(mask, jnp.exp(_scores(q_BTKGH, k_BSKH) - lse_BKGT[..., None]), 0.0)
-                dv_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", p.astype(dt), do_BTKGH,
-                                      preferred_element_type=jnp.float32)
-                dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_BTKGH, v_BSKH,
-                                preferred_element_type=jnp.float32)
-                ds = (p * (dp - d_BKGT[..., None])).astype(dt)
-                dq = jnp.einsum("BKGTS,BSKH->BTKGH", ds, k_BSKH,
-                                preferred_element_type=jnp.float32) * scale
-                dk_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", ds, q_BTKGH,
-                                      preferred_element_type=jnp.float32) * scale
-                return (dk_BSKH, dv_BSKH), dq
-
-            def skip(carry):
-                return carry, jnp.zeros((b, bq, kh, g, h), jnp.float32)
-
-            return jax.lax.cond(_needed(i, j, bq, bk, q_offset), grads, skip, carry)
-
+    # One loop over the visited pairs, key-block major: dk and dv of a key block accumulate
+    # over its group and are written at its last pair; dq accumulates across groups.
+    def step(c, xs):
+        i, j, first, last = xs
+        (dk_BSKH, dv_BSKH), dq, dk_all, dv_all = c
         zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
-        (dk, dv), dq_parts = jax.lax.scan(step, (zeros, zeros), (
-            jnp.arange(nq), q_nBTKGH, dout_nBTKGH, lse_nBKGT, d_nBKGT, q_seg_nBT))
-        return dq_nBTKGH + dq_parts, (dk, dv)
+        dk_BSKH, dv_BSKH = jnp.where(first, zeros, dk_BSKH), jnp.where(first, zeros, dv_BSKH)
+        q_BTKGH, do_BTKGH, k_BSKH, v_BSKH = (_at(q_nBTKGH, i), _at(dout_nBTKGH, i),
+                                             _at(k_nBSKH, j), _at(v_nBSKH, j))
+        pair = None if segments is None else (_at(q_seg_nBT, i), _at(k_seg_nBS, j))
+        mask = _visible(i, j, bq, bk, _at(valid_nBS, j), q_offset_B, pair)
+        p = jnp.where(mask, jnp.exp(_scores(q_BTKGH, k_BSKH) - _at(lse_nBKGT, i)[..., None]),
+                      0.0)
+        dv_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", p.astype(dt), do_BTKGH,
+                              preferred_element_type=jnp.float32)
+        dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_BTKGH, v_BSKH,
+                        preferred_element_type=jnp.float32)
+        ds = (p * (dp - _at(d_nBKGT, i)[..., None])).astype(dt)
+        dq_i = jnp.einsum("BKGTS,BSKH->BTKGH", ds, k_BSKH,
+                          preferred_element_type=jnp.float32) * scale
+        dk_BSKH += jnp.einsum("BKGTS,BTKGH->BSKH", ds, q_BTKGH,
+                              preferred_element_type=jnp.float32) * scale
+        dq = jax.lax.dynamic_update_index_in_dim(dq, _at(dq, i) + dq_i, i, 0)
+        put = lambda all_, x: jax.lax.dynamic_update_index_in_dim(  # noqa: E731
+            all_, jnp.where(last, x, _at(all_, j)), j, 0)
+        return ((dk_BSKH, dv_BSKH), dq, put(dk_all, dk_BSKH), put(dv_all, dv_BSKH)), None
 
-    dq0 = jnp.zeros(q_nBTKGH.shape, jnp.float32)
-    dq, (dk, dv) = jax.lax.scan(one_key_block, dq0, (jnp.arange(k_nBSKH.shape[0]), k_nBSKH,
-                                                     v_nBSKH, valid_nBS, k_seg_nBS))
+    zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
+    kv0 = jnp.zeros(k_nBSKH.shape, jnp.float32)
+    init = ((zeros, zeros), jnp.zeros(q_nBTKGH.shape, jnp.float32), kv0, kv0)
+    (_, dq, dk, dv), _ = jax.lax.scan(step, init, _schedule(nq, nk, bq, bk, causal_offset,
+                                                            key_major=True))
     return (dq.astype(dt), dk.astype(k_nBSKH.dtype), dv.astype(v_nBSKH.dtype), None, None, None)
 
 

@@ -79,14 +79,16 @@ def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, k
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "seq", "act_heads", None))
     k = rope(k, positions_BT, cfg.rope_theta)
-    q_offset = 0
-    if kv is not None:
+    q_offset, new_kv = 0, (k, v)
+    if callable(kv):     # a slot cache's write-then-read (models/slots.py)
+        k, v, q_offset, new_kv = kv(k, v)
+    elif kv is not None:
         k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
-        q_offset = index
+        q_offset, new_kv = index, (k, v)
     attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset,
                           segment_ids_BT=segment_ids_BT, fused=_FUSED[cfg.attention])
-    return jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]), (k, v)
+    return jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]), new_kv
 
 
 _FUSED = {"auto": "auto", "cudnn": "cudnn", "chunked": None}   # ModelConfig.attention

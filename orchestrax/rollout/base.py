@@ -67,6 +67,7 @@ class GenerateResult:
     weight_version: str = "0"
     rid: str | None = None
     top_logprobs: tuple[TopLogprobs, ...] = ()   # one per output token when requested
+    cached_tokens: int = 0            # prompt tokens whose KV was reused, not computed
 
 
 class Sampler(Protocol):

@@ -351,14 +351,15 @@ class ContinuousSampler(EmbeddedSampler):
     Params are read before every engine step, so `set_params` (the trainer's push, or the
     server's `update_weights_from_disk`) applies from the next step on, also to rows in flight;
     a result reports the weight version it finished under. A caller that leaves (cancelled,
-    aborted, a stop string matched) frees its slot before the next step. The slot cache is
-    freed whenever no request is queued or running.
+    aborted, a stop string matched) frees its slot before the next step. The slot cache stays
+    allocated while idle, so an episode's next turn finds its prefix there (the engine's
+    prefix cache); `drop_params` frees it with the weights (the trainer's step needs both).
     """
 
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
                  prefill_chunk: int = 512, decode_steps: int = 8, min_chunk: int = 16,
-                 top_logprobs: int = MAX_TOP_LOGPROBS):
+                 top_logprobs: int = MAX_TOP_LOGPROBS, prefix_cache: bool = True):
         super().__init__(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
                          weight_version=weight_version, seed=seed, min_bucket=min_chunk,
                          chunk_tokens=decode_steps)
@@ -366,15 +367,28 @@ class ContinuousSampler(EmbeddedSampler):
         self.engine = ContinuousEngine(
             cfg, None, max_batch=max_batch, max_len=max_len,
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,
-            top_logprobs=top_logprobs, min_chunk=min_chunk)
+            top_logprobs=top_logprobs, min_chunk=min_chunk, prefix_cache=prefix_cache)
         self._live: dict[str, _Pending] = {}    # engine rid -> caller, for rows in the engine
         self._next_key = 0
         # (engine rid, ids, logprobs, top, result) recorded by the engine's hook during a step
         self._events: list[tuple] = []
+        self._reported: dict[str, int] = {}
         self.stats = {"steps": 0, "requests": 0, "tokens": 0}
 
     def admit_error(self, r: GenerateRequest) -> str | None:
         return self.engine.admit_error(r)
+
+    def drop_params(self) -> None:
+        super().drop_params()
+        if not self.engine.busy:   # nothing is generated until the next set_params
+            self.engine.release()
+
+    def take_counters(self) -> dict[str, int]:
+        """Prompt tokens prefilled and reused from the prefix cache since the previous call."""
+        out = {k: self.engine.stats[k] - self._reported.get(k, 0)
+               for k in ("prefill_tokens", "cached_tokens")}
+        self._reported = {k: self.engine.stats[k] for k in out}
+        return out
 
     def _pending(self) -> list[_Pending]:
         return [*self._queued, *self._live.values()]
@@ -409,8 +423,6 @@ class ContinuousSampler(EmbeddedSampler):
             self._events.clear()
             if self._live:
                 await self._step()
-            if not self._live:
-                self.engine.release()
 
     async def _step(self) -> None:
         eng = self.engine

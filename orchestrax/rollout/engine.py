@@ -3,7 +3,7 @@
 Letters: R slots (rows of the running batch), S cache positions per slot, C prefill chunk,
 N decode steps per dispatch, K top logprobs, V vocabulary, L layers, H head dim.
 
-The engine owns `max_batch` slots. Each slot is one row of a KV cache [L, R, S, K, H] with its
+The engine owns `max_batch` slots. Each slot is one row of a KV cache [L, R, K, S, H] with its
 own write index and valid mask, so rows of very different lengths share one decode step:
 - a queued request takes a free slot between decode steps; its prompt is prefilled into that
   slot in chunks of at most `prefill_chunk` tokens, one chunk per engine step, so a long prompt
@@ -53,7 +53,7 @@ MAX_STOP_IDS = 64   # stop ids per request (the server's ServeLimits.max_stop)
 
 class SlotState(NamedTuple):
     """Everything on the device, one row per slot; donated to each jitted step."""
-    k: jax.Array               # [L, R, S, K, H] compute dtype
+    k: jax.Array               # [L, R, K, S, H] compute dtype (models.SlotCache)
     v: jax.Array
     mask_RS: jax.Array         # bool: position holds a real token of the row
     index_R: jax.Array         # int32: next position to write
@@ -82,7 +82,7 @@ class Steps(NamedTuple):
 
 
 def init_state(cfg: models.ModelConfig, slots: int, max_len: int) -> SlotState:
-    shape = (cfg.num_layers, slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, slots, cfg.num_kv_heads, max_len, cfg.head_dim)
     dt = jnp.dtype(cfg.dtype)
     # Fresh buffers per field: the state is donated, and a buffer may be donated only once.
     zi = lambda: jnp.zeros((slots,), jnp.int32)
@@ -99,7 +99,7 @@ def init_state(cfg: models.ModelConfig, slots: int, max_len: int) -> SlotState:
 
 def state_logical_axes() -> SlotState:
     """Logical axis names of each SlotState field (slots split like a batch's rows)."""
-    kv = ("layers", "batch", "seq", "kv_heads", "head_dim")
+    kv = ("layers", "batch", "kv_heads", "seq", "head_dim")
     row = ("batch",)
     return SlotState(k=kv, v=kv, mask_RS=("batch", "seq"), index_R=row, token_R=row,
                      length_R=row, live_R=row, counts_RV=("batch", None), temperature_R=row,
@@ -108,12 +108,8 @@ def state_logical_axes() -> SlotState:
 
 
 # --- device functions -------------------------------------------------------------------------
-def _row_forward(cfg, params, ids_T, valid_T, k_LSKH, v_LSKH, mask_S, index):
-    """One slot's `forward_with_cache` (batch 1); vmapped over slots by `_decode`."""
-    cache = {"k": k_LSKH[:, None], "v": v_LSKH[:, None], "mask": mask_S[None], "index": index}
-    logits_11V, cache = models.forward_with_cache(cfg, params, ids_T[None], valid_T[None], cache,
-                                                  last_only=True)
-    return logits_11V[0, 0], cache["k"][:, 0], cache["v"][:, 0], cache["mask"][0], cache["index"]
+def _cache(s: SlotState) -> models.SlotCache:
+    return models.SlotCache(s.k, s.v, s.mask_RS)
 
 
 def _sample(logits_RV, s: SlotState, step_R, n_top: int):
@@ -130,31 +126,38 @@ def _take_row(s: SlotState, slot) -> SlotState:
 
 
 def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot: jax.Array,
-                   ids_C: jax.Array, valid_C: jax.Array, first: jax.Array, last: jax.Array,
-                   settings: SlotState, *, n_top: int):
-    """Write one prompt chunk into `slot`; `first` resets the row (and installs `settings`, a
-    one-row SlotState of sampling fields), `last` samples the row's first token and makes it
-    live. Returns (state, token, logprob, top ids [K], top logprobs [K], done)."""
-    k_LSKH = jax.lax.dynamic_index_in_dim(s.k, slot, axis=1, keepdims=False)
-    v_LSKH = jax.lax.dynamic_index_in_dim(s.v, slot, axis=1, keepdims=False)
-    mask_S = jnp.where(first, False, s.mask_RS[slot])
-    index = jnp.where(first, 0, s.index_R[slot])
-    logits_V, k_LSKH, v_LSKH, mask_S, index = _row_forward(cfg, params, ids_C, valid_C, k_LSKH,
-                                                           v_LSKH, mask_S, index)
+                        ids_C: jax.Array, valid_C: jax.Array, index: jax.Array, keep: jax.Array,
+                        first: jax.Array, last: jax.Array, settings: SlotState, *, n_top: int,
+                        span: int):
+    """Write one prompt chunk into `slot` at position `index`, attending to its first `span`
+    positions; the slot's mask is first cut to positions < `keep` (a reused prefix, or all
+    but nothing on a fresh row). `first` installs `settings` (a one-row SlotState of sampling
+    fields), `last` samples the row's first token and makes it live. Returns (state, token,
+    logprob, top ids [K], top logprobs [K], done)."""
+    pos_S = jnp.arange(s.mask_RS.shape[1])
+    s = s._replace(mask_RS=s.mask_RS.at[slot].set(s.mask_RS[slot] & (pos_S < keep)))
+    # The row's first `span` positions are filled on their own and written back in place (the
+    # other rows' caches are not the pass's business).
+    row = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=1)[:, :, :, :span]  # noqa: E731
+    one = models.SlotCache(row(s.k), row(s.v),
+                           jax.lax.dynamic_slice_in_dim(s.mask_RS, slot, 1)[:, :span])
+    logits_1V, c = models.forward_slots(cfg, params, ids_C[None], valid_C[None], one,
+                                        index[None], span=span)
+    c = models.SlotCache(jax.lax.dynamic_update_slice(s.k, c.k, (0, slot, 0, 0, 0)),
+                         jax.lax.dynamic_update_slice(s.v, c.v, (0, slot, 0, 0, 0)),
+                         jax.lax.dynamic_update_slice(s.mask_RS, c.mask_RS, (slot, 0)))
     put = lambda full, row: jnp.where(first, full.at[slot].set(row[0]), full)
     s = s._replace(**{f: put(getattr(s, f), getattr(settings, f)) for f in (
         "temperature_R", "top_k_R", "top_p_R", "seed_R", "max_new_R", "stop_RX", "presence_R",
         "frequency_R")})
     s = s._replace(counts_RV=jnp.where(first, s.counts_RV.at[slot].set(0), s.counts_RV))
     row = _take_row(s, slot)
-    token, logprob, top_ids, top_lp = _sample(logits_V[None], row, jnp.zeros((1,), jnp.int32),
+    token, logprob, top_ids, top_lp = _sample(logits_1V, row, jnp.zeros((1,), jnp.int32),
                                               n_top)
     token, logprob = token[0], logprob[0]
     done = jnp.any(token == row.stop_RX[0]) | (row.max_new_R[0] <= 1)
     s = s._replace(
-        k=jax.lax.dynamic_update_index_in_dim(s.k, k_LSKH, slot, axis=1),
-        v=jax.lax.dynamic_update_index_in_dim(s.v, v_LSKH, slot, axis=1),
-        mask_RS=s.mask_RS.at[slot].set(mask_S), index_R=s.index_R.at[slot].set(index),
+        k=c.k, v=c.v, mask_RS=c.mask_RS, index_R=s.index_R.at[slot].set(index + ids_C.shape[0]),
         token_R=s.token_R.at[slot].set(jnp.where(last, token, s.token_R[slot])),
         length_R=s.length_R.at[slot].set(jnp.where(last, 1, 0)),
         live_R=s.live_R.at[slot].set(last & ~done),
@@ -162,43 +165,50 @@ def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot
     return s, token, logprob, top_ids[0], top_lp[0], done
 
 
+def _copy_prefix_impl(s: SlotState, src: jax.Array, dst: jax.Array, n: jax.Array, *,
+                      span: int) -> SlotState:
+    """Slot `dst` takes slot `src`'s first `n` positions (n <= span): k, v and mask; its next
+    write goes to position n. The copy reads and writes `span` positions of one row."""
+    row = lambda x: jax.lax.dynamic_index_in_dim(x, src, axis=1, keepdims=False)[:, :, :span]
+    k = jax.lax.dynamic_update_slice(s.k, row(s.k)[:, None], (0, dst, 0, 0, 0))
+    v = jax.lax.dynamic_update_slice(s.v, row(s.v)[:, None], (0, dst, 0, 0, 0))
+    mask = s.mask_RS[src] & (jnp.arange(s.mask_RS.shape[1]) < n)
+    return s._replace(k=k, v=v, mask_RS=s.mask_RS.at[dst].set(mask),
+                      index_R=s.index_R.at[dst].set(n))
+
+
 def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax.Array, *,
                  n_steps: int, n_top: int, span: int) -> tuple[SlotState, Steps]:
     """`n_steps` decode steps for every live row; rows with keep_R False (aborted) stop first.
     Each step feeds a row's last token at the row's own index and samples the next one.
 
-    Only the first `span` cache positions are read and written (the caller's S bucket: every
-    occupied slot's index + n_steps fits in it), so a step's attention costs what the longest
-    row needs, not `max_len`."""
+    Only the first `span` cache positions are read (the caller's S bucket: every occupied
+    slot's index + n_steps fits in it), so a step's attention costs what the longest row
+    needs, not `max_len`; each step writes one position per row into the donated cache."""
     r = s.token_R.shape[0]
-    full = s
-    s = s._replace(live_R=s.live_R & keep_R, k=s.k[:, :, :span], v=s.v[:, :, :span],
-                   mask_RS=s.mask_RS[:, :span])
-    rows_forward = jax.vmap(functools.partial(_row_forward, cfg, params),
-                            in_axes=(0, 0, 1, 1, 0, 0), out_axes=(0, 1, 1, 0, 0))
+    s = s._replace(live_R=s.live_R & keep_R)
     one_R1 = jnp.ones((r, 1), jnp.bool_)
 
     def step(s: SlotState, _):
         live_R = s.live_R
-        logits_RV, k, v, mask_RS, index_R = rows_forward(s.token_R[:, None], one_R1, s.k, s.v,
-                                                         s.mask_RS, s.index_R)
+        logits_RV, c = models.forward_slots(cfg, params, s.token_R[:, None], one_R1, _cache(s),
+                                            s.index_R, span=span)
         token_R, logprob_R, top_ids, top_lp = _sample(logits_RV, s, s.length_R, n_top)
         stop_R = jnp.any(token_R[:, None] == s.stop_RX, axis=-1)
         length_R = s.length_R + live_R
         done_R = stop_R | (length_R >= s.max_new_R)
         s = s._replace(
             # Rows that are not decoding (free, or mid-prefill) keep their mask and index: the
-            # token written at their index is garbage that their next prefill chunk overwrites.
-            k=k, v=v, mask_RS=jnp.where(live_R[:, None], mask_RS, s.mask_RS),
-            index_R=jnp.where(live_R, index_R, s.index_R),
+            # token written at their index is garbage that their next prefill chunk overwrites
+            # (or, on a free slot, past what its prefix cache keeps).
+            k=c.k, v=c.v, mask_RS=jnp.where(live_R[:, None], c.mask_RS, s.mask_RS),
+            index_R=jnp.where(live_R, s.index_R + 1, s.index_R),
             token_R=jnp.where(live_R, token_R, s.token_R), length_R=length_R,
             live_R=live_R & ~done_R,
             counts_RV=s.counts_RV.at[jnp.arange(r), token_R].add(live_R.astype(jnp.int32)))
         return s, Steps(token_R, logprob_R, live_R, stop_R & live_R, top_ids, top_lp)
 
     s, out = jax.lax.scan(step, s, None, length=n_steps)
-    s = s._replace(k=full.k.at[:, :, :span].set(s.k), v=full.v.at[:, :, :span].set(s.v),
-                   mask_RS=full.mask_RS.at[:, :span].set(s.mask_RS))
     # scan stacks along a leading N axis: [N, R, ...] -> [R, N, ...]
     return s, Steps(*(jnp.swapaxes(x, 0, 1) for x in out))
 
@@ -208,8 +218,9 @@ def _jit(impl, static):
     return jax.jit(impl, static_argnames=static, donate_argnames=("s",))
 
 
-_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top"))
+_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top", "span"))
 _decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top", "span"))
+_copy_prefix = _jit(_copy_prefix_impl, ("span",))
 
 
 # --- host side --------------------------------------------------------------------------------
@@ -231,9 +242,14 @@ class _Job:
     request: GenerateRequest
     rid: str
     seed: int
-    max_new: int
     on_tokens: StreamHook | None
-    padded_ids: np.ndarray = None        # left-padded to a multiple of the chunk size
+    max_new: int = 0
+    # The prefill plan, made when the job takes a slot: the prompt's first `cached` tokens are
+    # already in the slot (positions < start); the rest, left-padded to whole chunks, is
+    # written from `start` on.
+    cached: int = 0
+    start: int = 0
+    padded_ids: np.ndarray = None
     padded_valid: np.ndarray = None
     chunk: int = 0
     next_chunk: int = 0
@@ -242,6 +258,30 @@ class _Job:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     top: list[TopLogprobs] = dataclasses.field(default_factory=list)
     result: GenerateResult | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.next_chunk * self.chunk < len(self.padded_ids)
+
+
+@dataclasses.dataclass(eq=False)
+class _Content:
+    """What one slot's cache holds, on the host: real token ids in order and the position of
+    each; `epoch` names the weights that computed them (-1: none, or stale)."""
+    ids: list[int] = dataclasses.field(default_factory=list)
+    pos: list[int] = dataclasses.field(default_factory=list)
+    epoch: int = -1
+    used: int = 0          # engine step of the last use, for least-recently-used eviction
+
+    def clear(self) -> None:
+        self.ids, self.pos, self.epoch = [], [], -1
+
+    def common(self, ids: np.ndarray) -> int:
+        n = min(len(self.ids), len(ids))
+        if n == 0:
+            return 0
+        same = np.asarray(self.ids[:n]) == ids[:n]
+        return n if same.all() else int(np.argmin(same))
 
 
 class ContinuousEngine:
@@ -254,16 +294,26 @@ class ContinuousEngine:
     new_ids, new_logprobs, new_top_logprobs, result)` is called with each request's new tokens
     after every step; `result` is set on its last call.
 
+    Prefix cache (`prefix_cache`, on by default): a slot keeps its tokens' KV after its request
+    ends, and a new request whose prompt starts with tokens some slot holds (the next turn of
+    an episode: prompt + reply + tool output; another sample of the same prompt) prefills only
+    the rest: in that slot when it is free, else after copying the prefix into a free slot. A
+    request whose prompt another slot is prefilling right now waits for it, so the G samples
+    of a prompt prefill it once. Free slots are evicted least recently used first; new weights
+    (another `params` object or `weight_version`) make every kept prefix stale.
+    `stats["prefill_tokens"]` counts prompt tokens computed, `stats["cached_tokens"]` those
+    reused, and each result's `cached_tokens` its own.
+
     The slot cache is allocated by the first step after the engine was idle; `release` drops
-    it while idle (a trainer needs that memory for its own step between rollouts).
-    `params` and `weight_version` may be replaced between steps: rows in flight continue on
-    the new weights, and a result reports the version it finished under.
+    it (and the prefix cache) while idle. `params` and `weight_version` may be replaced
+    between steps: rows in flight continue on the new weights, and a result reports the
+    version it finished under.
     """
 
     def __init__(self, cfg: models.ModelConfig, params: Any, *, max_batch: int = 64,
                  max_len: int = 4096, prefill_chunk: int = 512, decode_steps: int = 1,
                  top_logprobs: int = 0, min_chunk: int = 16, seed: int = 0,
-                 weight_version: str = "0"):
+                 weight_version: str = "0", prefix_cache: bool = True):
         for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
                                 ("prefill_chunk", prefill_chunk, 1),
                                 ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1)):
@@ -276,14 +326,19 @@ class ContinuousEngine:
         self.max_batch, self.max_len = max_batch, max_len
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
         self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
+        self.prefix_cache = prefix_cache
         self._rng = np.random.default_rng(seed)
         self._state: SlotState | None = None
         self._queue: list[_Job] = []
         self._slots: list[_Job | None] = [None] * max_batch
+        self._content = [_Content() for _ in range(max_batch)]
+        self._epoch, self._epoch_of = 0, (params, weight_version)
+        self._steps = 0
         self._next_rid = 0
         # (rid, exception) of the requests the last step dropped; the others went on
         self.failures: list[tuple[str, Exception]] = []
-        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "tokens": 0}
+        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "tokens": 0,
+                      "prefill_tokens": 0, "cached_tokens": 0, "prefix_copies": 0}
 
     # --- public API ----------------------------------------------------------------------------
     def admit_error(self, r: GenerateRequest) -> str | None:
@@ -316,16 +371,7 @@ class ContinuousEngine:
         seed = r.sampling.sampling_seed
         if seed is None:
             seed = int(self._rng.integers(0, 2**31 - 1))
-        n = len(r.input_ids)
-        padded, job_chunk = self._chunking(n)
-        job = _Job(request=r, rid=rid, seed=seed % 2**32, on_tokens=on_tokens,
-                   max_new=min(r.sampling.max_new_tokens, self.max_len - padded))
-        job.chunk = job_chunk
-        job.padded_ids = np.zeros((padded,), np.int32)
-        job.padded_ids[padded - n:] = r.input_ids
-        job.padded_valid = np.zeros((padded,), np.bool_)
-        job.padded_valid[padded - n:] = True
-        self._queue.append(job)
+        self._queue.append(_Job(request=r, rid=rid, seed=seed % 2**32, on_tokens=on_tokens))
         return rid
 
     def abort(self, rid: str) -> int:
@@ -354,25 +400,28 @@ class ContinuousEngine:
         return None
 
     def release(self) -> None:
-        """Free the slot cache now; only while idle (the next step allocates a new one)."""
+        """Free the slot cache (and the prefixes it keeps) now; only while idle (the next step
+        allocates a new one)."""
         if self.busy:
             raise RuntimeError("ContinuousEngine.release: requests are queued or running")
         self._state = None
+        for c in self._content:
+            c.clear()
 
     def step(self) -> list[GenerateResult]:
         """Admit, prefill one chunk per prefilling slot, decode once; the results that
         finished in this step."""
         finished: list[GenerateResult] = []
+        self._steps += 1
+        if self._epoch_of[0] is not self.params or self._epoch_of[1] != self.weight_version:
+            self._epoch += 1    # kept prefixes were computed by other weights
+            self._epoch_of = (self.params, self.weight_version)
         if self._state is None and self.busy:
             self._state = init_state(self.cfg, self.max_batch, self.max_len)
-        for slot in range(self.max_batch):
-            if self._slots[slot] is None and self._queue:
-                job = self._queue.pop(0)
-                job.slot = slot
-                self._slots[slot] = job
         self.failures = []
+        self._admit()
         for slot, job in enumerate(self._slots):
-            if job is not None and job.next_chunk * job.chunk < len(job.padded_ids):
+            if job is not None and job.prefilling:
                 try:
                     self._prefill(job, finished)
                 except Exception as e:
@@ -380,10 +429,9 @@ class ContinuousEngine:
                         raise  # the donated cache is gone: every row's caller must hear it
                     # This one request failed (its settings, its chunk): drop its row, go on.
                     self._slots[slot] = None
+                    self._content[slot].clear()
                     self.failures.append((job.rid, e))
-        decoding = [j for j in self._slots
-                    if j is not None and j.next_chunk * j.chunk >= len(j.padded_ids)]
-        if decoding:
+        if any(j is not None and not j.prefilling for j in self._slots):
             self._decode_once(finished)
         return finished
 
@@ -423,30 +471,101 @@ class ContinuousEngine:
         for job in self._slots:
             if job is None:
                 continue
-            if job.next_chunk * job.chunk < len(job.padded_ids):   # mid-prefill
-                index = job.next_chunk * job.chunk
+            if job.prefilling:
+                index = job.start + job.next_chunk * job.chunk
             else:                  # the last recorded token is fed at this position
-                index = len(job.padded_ids) + len(job.ids) - 1
+                index = job.start + len(job.padded_ids) + len(job.ids) - 1
             need = max(need, index + self.decode_steps)
-        return bucket(need, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
+        return self._bucket(need)
 
     # --- internals -----------------------------------------------------------------------------
-    def _chunking(self, n: int) -> tuple[int, int]:
-        """(padded length, chunk size) of an n-token prompt: one power-of-two bucket up to
-        `prefill_chunk`, else whole `prefill_chunk`s. When that padding would leave no room in
-        `max_len`, the chunk is halved (down to `min_chunk`), so a prompt near the context limit
-        is still admitted, prefilled in more, smaller chunks (sizes from the same halving
-        chain, so no new compile beyond one per size)."""
+    def _bucket(self, n: int) -> int:
+        return bucket(n, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
+
+    def _chunking(self, n: int, room: int | None = None) -> tuple[int, int]:
+        """(padded length, chunk size) of an n-token prompt to be written into `room` positions
+        (default max_len): one power-of-two bucket up to `prefill_chunk`, else whole
+        `prefill_chunk`s. When that padding would leave no room, the chunk is halved (down to
+        `min_chunk`), so a prompt near the context limit is still admitted, prefilled in more,
+        smaller chunks (sizes from the same halving chain, so no new compile beyond one per
+        size)."""
+        room = self.max_len if room is None else room
         if n <= self.prefill_chunk:
             padded = bucket(n, lo=self.min_chunk, hi=self.prefill_chunk)
-            if padded < self.max_len:
+            if padded < room:
                 return padded, padded
         chunk = self.prefill_chunk
         while True:
             padded = -(-n // chunk) * chunk
-            if padded < self.max_len or chunk // 2 < self.min_chunk:
+            if padded < room or chunk // 2 < self.min_chunk:
                 return padded, min(chunk, padded)
             chunk //= 2
+
+    def _admit(self) -> None:
+        """Give queued jobs free slots, in order, each with its prefill plan."""
+        waiting = []
+        while self._queue and any(j is None for j in self._slots):
+            job = self._queue.pop(0)
+            if not self._place(job):
+                waiting.append(job)
+        self._queue[:0] = waiting
+
+    def _place(self, job: _Job) -> bool:
+        """Plan `job` into a free slot, reusing the longest prefix a slot holds; False when a
+        slot is prefilling a longer prefix of its prompt right now (it waits for that)."""
+        ids = np.asarray(job.request.input_ids)
+        n = len(ids)
+        best, best_slot = 0, None
+        if self.prefix_cache:
+            prefilling = [j for j in self._slots if j is not None and j.prefilling]
+            for slot, c in enumerate(self._content):
+                if c.epoch != self._epoch or any(j.slot == slot for j in prefilling):
+                    continue
+                p = min(c.common(ids), n - 1)   # the last prompt token is always fed
+                if p > best:
+                    best, best_slot = p, slot
+            if any(min(_common(np.asarray(j.request.input_ids), ids), n - 1)
+                   > max(best, self.min_chunk - 1) for j in prefilling):
+                return False
+        start = self._content[best_slot].pos[best - 1] + 1 if best >= self.min_chunk else 0
+        padded, chunk = self._chunking(n - best, self.max_len - start)
+        if start == 0 or start + padded >= self.max_len:
+            # No prefix worth a copy or a hole in the slot, or the rest does not fit after it.
+            best, best_slot, start = 0, None, 0
+            padded, chunk = self._chunking(n)
+        free = [s for s in range(self.max_batch) if self._slots[s] is None]
+        if best_slot is not None and best_slot in free:
+            slot = best_slot
+        else:
+            # Empty slots first, then the least recently used kept prefix.
+            slot = min(free, key=lambda s: (self._content[s].epoch == self._epoch,
+                                            self._content[s].used))
+            if best_slot is not None:
+                self._copy(best_slot, slot, best)
+        c = self._content[slot]
+        if best == 0:
+            c.clear()
+        del c.ids[best:], c.pos[best:]
+        c.epoch, c.used = self._epoch, self._steps
+        job.cached, job.start, job.chunk, job.next_chunk = best, start, chunk, 0
+        job.max_new = min(job.request.sampling.max_new_tokens, self.max_len - start - padded)
+        job.padded_ids = np.zeros((padded,), np.int32)
+        job.padded_ids[padded - (n - best):] = ids[best:]
+        job.padded_valid = np.zeros((padded,), np.bool_)
+        job.padded_valid[padded - (n - best):] = True
+        job.slot = slot
+        self._slots[slot] = job
+        return True
+
+    def _copy(self, src: int, dst: int, tokens: int) -> None:
+        """Slot `dst` takes the KV of slot `src`'s first `tokens` tokens."""
+        sc, dc = self._content[src], self._content[dst]
+        n_pos = sc.pos[tokens - 1] + 1
+        self._state = _copy_prefix(self._state, np.int32(src), np.int32(dst), np.int32(n_pos),
+                                   span=self._bucket(n_pos))
+        dc.ids, dc.pos = sc.ids[:tokens], sc.pos[:tokens]
+        sc.used = self._steps
+        self.stats["prefix_copies"] += 1
 
     def _settings(self, job: _Job) -> SlotState:
         sp = job.request.sampling
@@ -464,12 +583,21 @@ class ContinuousEngine:
     def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
         i, c = job.next_chunk, job.chunk
         first, last = i == 0, (i + 1) * c >= len(job.padded_ids)
+        index = job.start + i * c
+        ids, valid = job.padded_ids[i * c:(i + 1) * c], job.padded_valid[i * c:(i + 1) * c]
         self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
-            self.cfg, self.params, self._state, np.int32(job.slot),
-            job.padded_ids[i * c:(i + 1) * c], job.padded_valid[i * c:(i + 1) * c],
-            np.bool_(first), np.bool_(last), self._settings(job), n_top=self.top_logprobs)
+            self.cfg, self.params, self._state, np.int32(job.slot), ids, valid,
+            np.int32(index), np.int32(index), np.bool_(first), np.bool_(last),
+            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index + c))
         job.next_chunk += 1
+        content = self._content[job.slot]
+        real = np.flatnonzero(valid)
+        content.ids += ids[real].tolist()
+        content.pos += (index + real).tolist()
         self.stats["prefill_chunks"] += 1
+        self.stats["prefill_tokens"] += len(real)
+        if first:
+            self.stats["cached_tokens"] += job.cached
         if not last:
             return
         token, logprob, top_ids, top_lp, done = jax.device_get(
@@ -486,11 +614,18 @@ class ContinuousEngine:
         self.stats["decode_dispatches"] += 1
         steps, live = jax.device_get((steps, self._state.live_R))
         for slot, job in enumerate(self._slots):
-            if job is None or job.next_chunk * job.chunk < len(job.padded_ids):
+            if job is None or job.prefilling:
                 continue
             n = int(steps.valid_RN[slot].sum())
             if n == 0:
                 continue
+            # Each valid step fed the row's last recorded token at the next position.
+            content = self._content[slot]
+            fed = [job.ids[-1]] + steps.tokens_RN[slot, :n - 1].tolist()
+            first = job.start + len(job.padded_ids) + len(job.ids) - 1
+            content.ids += fed
+            content.pos += range(first, first + n)
+            content.used = self._steps
             why = None
             if not live[slot]:
                 why = "stop" if steps.stopped_RN[slot, n - 1] else "length"
@@ -517,7 +652,14 @@ class ContinuousEngine:
         job.result = GenerateResult(
             output_ids=tuple(job.ids), logprobs=tuple(job.logprobs), top_logprobs=tuple(job.top),
             finish_reason=why, prompt_tokens=len(job.request.input_ids),
-            weight_version=self.weight_version, rid=job.rid)
+            weight_version=self.weight_version, rid=job.rid, cached_tokens=job.cached)
         if job.on_tokens is not None:
             job.on_tokens(job.rid, *stream, job.result)
         return job.result
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two id arrays."""
+    n = min(len(a), len(b))
+    same = a[:n] == b[:n]
+    return n if same.all() else int(np.argmin(same))

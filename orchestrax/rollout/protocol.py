@@ -285,7 +285,7 @@ def result_to_json(result: GenerateResult, *, return_logprob: bool, rid: str,
         "finish_reason": finish_reason_json(result, matched),
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": len(result.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": result.cached_tokens,
         "weight_version": result.weight_version,
     }
     if e2e_latency is not None:
@@ -321,7 +321,8 @@ def result_from_json(item: dict[str, Any], *, request: GenerateRequest) -> Gener
                           finish_reason=reason,
                           prompt_tokens=int(meta.get("prompt_tokens", len(request.input_ids))),
                           weight_version=str(meta.get("weight_version", "")),
-                          rid=meta.get("id", request.rid))
+                          rid=meta.get("id", request.rid),
+                          cached_tokens=int(meta.get("cached_tokens") or 0))
 
 
 def request_to_json(requests: Sequence[GenerateRequest]) -> dict[str, Any]:
