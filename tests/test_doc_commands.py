@@ -24,6 +24,9 @@ def _commands() -> list[tuple[str, str]]:
                     # usage notation: [optional parts] dropped, "..." (more of the same) a value
                     seg = re.sub(r"\[[^\]]*\]", " ", seg)
                     seg = re.sub(r"(?<!\S)\.\.\.(?!\S)", "MORE", seg)
+                    plain = [w for w in seg.split() if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+                    if not plain or plain[0] not in ("orchestrax", "python"):
+                        continue  # printed output, not a command (it may hold a lone quote)
                     words = shlex.split(seg, comments=True)
                     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # env assignments
                         words = words[1:]
