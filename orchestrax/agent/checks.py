@@ -15,3 +15,8 @@ def at_least(cfg: Any, bound: float, *names: str) -> None:
             raise ValueError(f"{type(cfg).__name__}.{name}={value!r}; must be a number >= {bound}")
         if not value >= bound:  # also refuses NaN
             raise ValueError(f"{type(cfg).__name__}.{name}={value!r}; must be >= {bound}")
+
+
+def at_least_or_none(cfg: Any, bound: float, *names: str) -> None:
+    """`at_least` for optional fields: None (decided elsewhere) passes."""
+    at_least(cfg, bound, *(n for n in names if getattr(cfg, n) is not None))

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from orchestrax import registry
+from orchestrax.agent.checks import at_least_or_none
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.envs.routing import LookupTool, RoutingConfig
 from orchestrax.eval import grid, report
@@ -101,10 +102,8 @@ class EvalCommand:
     no_progress: bool = False
 
     def __post_init__(self):
-        for name in ("limit", "max_turns", "max_new_tokens", "context_tokens", "max_in_flight"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"EvalCommand.{name}={value}; must be >= 1")
+        at_least_or_none(self, 1, "limit", "max_turns", "max_new_tokens", "context_tokens",
+                         "max_in_flight")
         for name, allowed in (("param_dtype", PARAM_DTYPES), ("grader", GRADERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EvalCommand.{name}={getattr(self, name)!r}; allowed: "

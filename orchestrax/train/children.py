@@ -52,12 +52,14 @@ class Fleet:
         self.children.append(child)
         return child
 
-    def check(self) -> None:
-        """Fail naming the first child that exited on its own."""
-        for c in self.children:
-            if c.proc.poll() is not None:
-                raise RuntimeError(f"{c.name} exited with {c.proc.returncode}; its log "
-                                   f"{c.log} ends:\n{c.tail()}")
+    def check(self, children: Sequence[Child] | None = None, *, done_ok: bool = False) -> None:
+        """Fail naming the first of `children` (default: all) that exited on its own; with
+        `done_ok`, one that exited with 0 has finished and is not a failure."""
+        for c in self.children if children is None else children:
+            code = c.proc.poll()
+            if code is not None and not (done_ok and code == 0):
+                raise RuntimeError(f"{c.name} exited with {code}; its log {c.log} ends:\n"
+                                   f"{c.tail()}")
 
     def stop(self, children: Sequence[Child]) -> None:
         for c in children:

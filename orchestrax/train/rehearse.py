@@ -207,12 +207,8 @@ def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, f
         info["resumed_from"] = before[-1]
     trainers = _start_trainers(fleet, argv, processes)
     while True:
-        codes = [t.proc.poll() for t in trainers]
-        if any(c not in (None, 0) for c in codes):
-            bad = next(t for t, c in zip(trainers, codes) if c not in (None, 0))
-            raise RuntimeError(f"{bad.name} exited with {bad.proc.returncode}; its log "
-                               f"{bad.log} ends:\n{bad.tail()}")
-        if all(c == 0 for c in codes):
+        fleet.check(trainers, done_ok=True)
+        if all(t.proc.poll() == 0 for t in trainers):
             break
         if kill_after is not None and info["killed_after_step"] is None and any(
                 r["phase"] == "rl" and r["step"] >= kill_after for r in _rows(metrics)):

@@ -16,6 +16,7 @@ import signal
 import jax
 
 from orchestrax import models, registry
+from orchestrax.agent.checks import at_least
 from orchestrax.rollout.base import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
@@ -58,9 +59,9 @@ class ServeConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ServeConfig.{name}={getattr(self, name)!r}; allowed: "
                                  f"{', '.join(allowed)}")
-        for name, low in (("max_batch", 1), ("max_len", 2), ("port", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"ServeConfig.{name}={getattr(self, name)}; must be >= {low}")
+        at_least(self, 1, "max_batch")
+        at_least(self, 2, "max_len")
+        at_least(self, 0, "port")
 
 
 def config() -> ServeConfig:
