@@ -204,3 +204,17 @@ def test_a_gs_out_dir_stays_gs_and_makes_no_local_gs_folder(tmp_path, monkeypatc
     ckpt = Checkpointer("runs/x/checkpoints", every=1)
     assert str(ckpt.directory) == str(tmp_path / "runs/x/checkpoints")
     ckpt.close()
+
+
+def test_processes_sharing_an_out_dir_check_it_at_once(tmp_path):
+    """The trainer processes of one run check the same out_dir as they start: each probe is
+    its own file, so one's clean-up never removes another's (a common probe name failed the
+    two-process trainer with 'No such file or directory')."""
+    import concurrent.futures
+
+    from orchestrax.train import config as train_config
+    cfg = TrainConfig(name="x", out_dir=str(tmp_path / "run"), model=models.tiny_config())
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda _: train_config.check_out_dir(cfg), range(800)))
+    assert {str(o) for o in outs} == {str(tmp_path / "run")}
+    assert list((tmp_path / "run").iterdir()) == []  # no probe left behind

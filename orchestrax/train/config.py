@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import tempfile
 from typing import Any
 
 import jax
@@ -206,11 +208,13 @@ def check_out_dir(cfg: TrainConfig) -> epath.Path:
     in one line naming the field when it is not. A URI is not contacted here: Orbax reports
     an unwritable bucket at the first save."""
     out = run_info.local_dir(cfg.out_dir)
-    probe = out / ".orchestrax_write_probe"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a probe of its own per process: the trainer processes of one run share out_dir, and
+        # one's unlink of a common name raced another's
+        fd, probe = tempfile.mkstemp(prefix=".orchestrax_write_probe.", dir=out)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ValueError(f"TrainConfig.out_dir={cfg.out_dir!r} is not a writable directory "
                          f"({e.strerror or e}); give a directory this process can write") from None
