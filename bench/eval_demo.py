@@ -95,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     warm, cost = trained_runs(pathlib.Path(args.demo), args.sft_steps, args.rl_steps)
     out = pathlib.Path(args.out)
-    export = runpy.run_path(str(ROOT / "scripts" / "export_hf.py"))["export"]
+    export = runpy.run_path(str(ROOT / "tools" / "export_hf.py"))["export"]
     hf_warm = export(str(warm), str(out / "hf_warmstart"))
 
     # The demo's own episode shape (3 turns, 48 new tokens) and sampling temperature: greedy,

@@ -226,7 +226,7 @@ def _inject_tool_faults() -> None:
 
     from orchestrax.agent import executor as ex
     from orchestrax.envs import routing
-    from orchestrax.train import episodes
+    from orchestrax.train import rollouts
 
     rng = random.Random(os.getpid())
 
@@ -245,7 +245,7 @@ def _inject_tool_faults() -> None:
     tools = routing.RoutingEnv.tools
     routing.RoutingEnv.tools = lambda self, task: [Flaky(t) for t in tools(self, task)]
     limits = ex.ToolLimits(timeout_s=1.0, backoff_s=0.05, backoff_max_s=0.2)
-    episodes.ToolExecutor = functools.partial(ex.ToolExecutor, ex.ExecutorConfig(default=limits))
+    rollouts.ToolExecutor = functools.partial(ex.ToolExecutor, ex.ExecutorConfig(default=limits))
     print(f"soak: tool faults on in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 
@@ -257,11 +257,11 @@ if __name__ == "__mp_main__" and os.environ.get(FAULTS_ENV):
 
 def child(args) -> None:
     """The trainer, with the routing tools made flaky and a 1 s tool timeout."""
-    from orchestrax.train import episodes, loop, setup
+    from orchestrax.train import rollouts, loop, setup
 
     os.environ[FAULTS_ENV] = "1"
     _inject_tool_faults()
-    loop.ToolExecutor = episodes.ToolExecutor  # the executor of episodes on the trainer's loop
+    loop.ToolExecutor = rollouts.ToolExecutor  # the executor of episodes on the trainer's loop
     setup.configure_logging()
     out = pathlib.Path(args.out)
     loop.train(_config(out, args.urls.split(","), args.init_from, args.workers))

@@ -1,4 +1,4 @@
-"""One training episode through `train.episodes.play` and the `Environment` base: the optional
+"""One training episode through `train.rollouts.play` and the `Environment` base: the optional
 hooks have working defaults, and whatever fails inside one episode (an environment hook, the
 verifier, the episode) comes back as a failed trajectory with outcome 0, never an exception;
 turns record the policy's generation time and weight version, stale ones fail their trajectory,
@@ -20,7 +20,7 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
-from orchestrax.train import episodes
+from orchestrax.train import rollouts
 
 TOK = tiny_qwen3_tokenizer()
 CODEC = Codec(TOK)
@@ -64,10 +64,10 @@ class Chatty(Adder):
 
 
 def play(env, turns):
-    job = episodes.EpisodeJob(task=TASK, episode=EpisodeConfig(max_turns=4))
+    job = rollouts.EpisodeJob(task=TASK, episode=EpisodeConfig(max_turns=4))
 
     async def main():
-        return await episodes.play(env, ScriptedSampler(TOK, turns), CODEC, ToolExecutor(), job)
+        return await rollouts.play(env, ScriptedSampler(TOK, turns), CODEC, ToolExecutor(), job)
     return asyncio.run(main())
 
 
@@ -145,7 +145,7 @@ def test_turns_record_generation_seconds_and_weight_version():
 
 def test_stale_turns_fail_their_trajectory_and_are_counted():
     fresh, stale, unknown = (run_versioned(SCRIPT, v) for v in (["3", "3"], ["2", "3"], ["", ""]))
-    counts = episodes.drop_stale([fresh, stale, unknown], "3")
+    counts = rollouts.drop_stale([fresh, stale, unknown], "3")
     assert counts == {"rollout/stale_trajectories": 1.0, "rollout/stale_turns": 1.0}
     assert fresh.final_answer == "4" and unknown.final_answer == "4"
     assert stale.final_answer is None and stale.end_reason == "error"
@@ -162,6 +162,6 @@ def test_an_empty_final_answer_is_no_answer(last_turn):
 
 def test_worker_counter_deltas_sum_key_wise_and_keep_zeros():
     deltas = [{"requests": 3, "retries": 1, "failures": 0}, {"requests": 2, "stale_answers": 1}, {}]
-    assert episodes.sum_counters(deltas) == {"requests": 5, "retries": 1, "failures": 0,
+    assert rollouts.sum_counters(deltas) == {"requests": 5, "retries": 1, "failures": 0,
                                              "stale_answers": 1}
-    assert episodes.sum_counters([]) == {}
+    assert rollouts.sum_counters([]) == {}

@@ -20,7 +20,7 @@ class HeavyModules:
     def __init__(self, tokenizer: str, tokenizer_dir: str | None):
         from orchestrax import models
         from orchestrax.train.config import TrainConfig
-        from orchestrax.train.episodes import EpisodePlayer
+        from orchestrax.train.rollouts import EpisodePlayer
 
         cfg = TrainConfig(name="imports", out_dir="/tmp/unused", model=models.tiny_config(),
                           tokenizer=tokenizer_dir or tokenizer)

@@ -68,7 +68,7 @@ def _extra(name: str, seen: tuple[str, ...] = ()) -> dict[str, Requirement]:
 
 
 EXTRAS = {name: _extra(name) for name in PROJECT["optional-dependencies"]}
-FIRST_PARTY = ({"orchestrax", "tests", "bench", "configs", "scripts"}
+FIRST_PARTY = ({"orchestrax", "tests", "bench", "configs", "tools"}
                | {p.stem for d in ("tests", "bench") for p in (ROOT / d).glob("*.py")})
 
 
@@ -144,7 +144,7 @@ def test_import_names_map_to_the_installed_distributions():
 
 def test_the_package_imports_core_dependencies_or_guarded_extras():
     bad = []
-    for path in _files("orchestrax", "configs", "scripts"):
+    for path in _files("orchestrax", "configs", "tools"):
         source = path.read_text()
         for module, node, parents in _third_party(path):
             dist, where = _distribution(module), f"{path.relative_to(ROOT)}:{node.lineno} {module}"

@@ -1,6 +1,6 @@
 """Every command line in README.md and BUILD.md code blocks is checked against the real code:
 `orchestrax ...` lines are parsed by the real CLI parser (not run: they name GPU servers and
-full-size runs); `python scripts/...`, `python bench/...` and `python -m` lines name a file or
+full-size runs); `python tools/...`, `python bench/...` and `python -m` lines name a file or
 module that exists, and every `--flag` they pass appears in that file's argument parser."""
 
 import importlib.util
@@ -40,7 +40,7 @@ COMMANDS = _commands()
 
 def test_the_docs_have_commands():
     assert sum(c.startswith("orchestrax eval") for _, c in COMMANDS) >= 4
-    assert any(c.startswith("python scripts/export_hf.py") for _, c in COMMANDS)
+    assert any(c.startswith("python tools/export_hf.py") for _, c in COMMANDS)
 
 
 @pytest.mark.parametrize("doc,command", [c for c in COMMANDS if c[1].startswith("orchestrax")])

@@ -15,7 +15,7 @@ from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.eval.core import at_turn_limit, evaluate
 from orchestrax.eval.metrics import preference_adherence, summarize
-from orchestrax.eval.records import EpisodeRecord
+from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.suite import EvalRun, run_eval, write_outputs

@@ -226,7 +226,7 @@ def test_a_run_trained_over_8_devices_is_evaluated_on_one(tmp_path):
 
 
 def test_serve_and_export_read_a_run_as_eval_does(tmp_path, caplog):
-    """One reader: `orchestrax serve --model RUN_DIR` and scripts/export_hf.py take the run's
+    """One reader: `orchestrax serve --model RUN_DIR` and tools/export_hf.py take the run's
     newest whole checkpoint's params, and fall back past a corrupt newest step as eval does."""
     import runpy
     from orchestrax.train.serve import ServeConfig, build_state
@@ -236,7 +236,7 @@ def test_serve_and_export_read_a_run_as_eval_does(tmp_path, caplog):
     chex.assert_trees_all_equal(state.sampler.params, models.init_params(cfg, 2))
     asyncio.run(state.sampler.aclose())
     root = pathlib.Path(__file__).resolve().parents[1]
-    export = runpy.run_path(str(root / "scripts" / "export_hf.py"))["export"]
+    export = runpy.run_path(str(root / "tools" / "export_hf.py"))["export"]
     _, params = models.load_hf(export(str(run), str(tmp_path / "hf")))
     chex.assert_trees_all_equal(params, models.init_params(cfg, 2))
     _, params = models.load_hf(export(str(run), str(tmp_path / "hf3"), step=2))

@@ -1,4 +1,4 @@
-"""scripts/export_hf.py: a drop-in Hugging Face directory (loads in transformers 4.x and 5.x,
+"""tools/export_hf.py: a drop-in Hugging Face directory (loads in transformers 4.x and 5.x,
 stops at <|im_end|>, world-readable files) that never rewrites an export in place."""
 
 import json
@@ -21,7 +21,7 @@ from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.setup import write_model_card
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "export_hf.py"
+SCRIPT = ROOT / "tools" / "export_hf.py"
 # A directory holding transformers at the project's lower bound (pip install --target DIR
 # 'transformers==4.51.*' 'tokenizers<0.22' 'huggingface_hub<1' requests --no-deps); the load
 # test in that version runs only where it is given.

@@ -15,7 +15,7 @@ from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
 from orchestrax.rl import GRPOConfig
 from orchestrax.train.agent_config import AgentConfig
-from orchestrax.train.episodes import drop_stale
+from orchestrax.train.rollouts import drop_stale
 from orchestrax.train.flow import flow_batch, preferences
 
 NAMES = ["web_searcher", "coder", "file_inspector"]

@@ -27,7 +27,7 @@ from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.data.records import Trajectory, TurnRecord
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.sglang_client import UNSYNCED_VERSION, SGLangClient, SGLangClientConfig
-from orchestrax.train.episodes import drop_stale
+from orchestrax.train.rollouts import drop_stale
 
 
 async def _serve(port: int, weight_root, *extra: str) -> asyncio.subprocess.Process:

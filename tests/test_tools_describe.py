@@ -1,4 +1,4 @@
-"""scripts/describe_llm_tool.py end to end against two loopback OpenAI-shaped servers (the tool
+"""tools/describe_llm_tool.py end to end against two loopback OpenAI-shaped servers (the tool
 model and the describer), plus the outcome grader."""
 
 import asyncio
@@ -12,7 +12,7 @@ from loopback import ScriptedChatServer
 from orchestrax.tools.describe import Attempt, contains_answer, describer_prompt, load_tasks
 from orchestrax.tools.specs import spec_from_json
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "describe_llm_tool.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "tools" / "describe_llm_tool.py"
 
 
 def load_script():

@@ -1,6 +1,6 @@
 """ToolScale as a task source of real runs. In the trainer's episode pool: two `EpisodePool`
 processes, each with its own `ToolScaleEnv` on a released domain, play a batch of gold-path
-episodes at once through the trainer's episode function (`train.episodes.play`: the real
+episodes at once through the trainer's episode function (`train.rollouts.play`: the real
 episode loop, executor and domain workers); every episode passes the three checks and each
 process keeps at most `worker.max_live` episode workers alive (the others wait for a slot). In
 `orchestrax eval`: a scripted OpenAI-compatible policy and user simulator over HTTP, accuracy
@@ -46,7 +46,7 @@ class GoldPlayer:
     async def play(self, job):
         from orchestrax.agent.executor import ToolExecutor
         from orchestrax.agent.scripted import ScriptedSampler
-        from orchestrax.train.episodes import play
+        from orchestrax.train.rollouts import play
 
         if self.executor is None:  # made inside the worker's event loop
             self.executor = ToolExecutor()
@@ -70,7 +70,7 @@ def test_toolscale_episodes_in_two_pool_processes_at_once_with_bounded_workers(r
     from orchestrax.agent.episode import EpisodeConfig
     from orchestrax.agent.pool import EpisodePool
     from orchestrax.envs.toolscale import ToolScaleEnv
-    from orchestrax.train.episodes import EpisodeJob
+    from orchestrax.train.rollouts import EpisodeJob
 
     db = json.loads((BANK / "db.json").read_text())
     clients = list(db["clients"].items())[:EPISODES]

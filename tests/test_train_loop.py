@@ -62,7 +62,7 @@ def test_sft_then_grpo_then_resume(tmp_path):
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
     # The run exports to a directory transformers loads, with the checkpoint's exact logits.
-    export = runpy.run_path(str(ROOT / "scripts" / "export_hf.py"))["export"]
+    export = runpy.run_path(str(ROOT / "tools" / "export_hf.py"))["export"]
     out = export(str(tmp_path), str(tmp_path / "hf"))
     cfg, params = models.load_hf(out)
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()

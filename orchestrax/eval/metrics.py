@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from orchestrax.eval.records import EpisodeRecord
+from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.rl.reward import toolorchestra_reward
 
 

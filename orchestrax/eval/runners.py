@@ -16,7 +16,7 @@ from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment, play_task
 from orchestrax.eval.policy import Policy
-from orchestrax.eval.records import EpisodeRecord, record_from_trajectory
+from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory
 from orchestrax.eval.subagent import run_subagent  # the orchestrator + sub-agents system
 from orchestrax.tools.base import Pricing, Tool
 

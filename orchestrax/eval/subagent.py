@@ -18,7 +18,7 @@ from orchestrax.agent.checks import at_least
 from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import TokenPolicy
-from orchestrax.eval.records import EpisodeRecord
+from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.tools.base import Pricing, Tool
 
 # name -> (sub-agents left out, structured memory on)

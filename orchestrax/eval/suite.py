@@ -18,7 +18,7 @@ from orchestrax.eval import report
 from orchestrax.eval.core import TaskSet, at_turn_limit, evaluate
 from orchestrax.eval.metrics import preference_adherence, summarize
 from orchestrax.eval.policy import Policy
-from orchestrax.eval.records import EpisodeRecord
+from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.eval.runners import RUNNERS, EvalConfig
 from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
 

@@ -174,7 +174,7 @@ def load_hf(path: str | os.PathLike, dtype: str = "float32", mesh: Mesh | None =
             (path / "checkpoints").is_dir():
         raise FileNotFoundError(
             f"{path} is a training run dir, not a Hugging Face directory; export it first "
-            f"(python scripts/export_hf.py {path} OUT_DIR) and load OUT_DIR")
+            f"(python tools/export_hf.py {path} OUT_DIR) and load OUT_DIR")
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path}: no config.json there; give a Hugging Face model "
                                 "directory (config.json + safetensors)")

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from orchestrax.rollout.runner import ServerState
+from orchestrax.rollout.serving import ServerState
 from orchestrax.rollout.validate import ProtocolError, json_depth_error
 
 STATE = web.AppKey("state", ServerState)

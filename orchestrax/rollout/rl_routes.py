@@ -11,7 +11,7 @@ from aiohttp import web
 
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.http_io import STATE, error, read_json
-from orchestrax.rollout.runner import run_request
+from orchestrax.rollout.serving import run_request
 from orchestrax.rollout.validate import ProtocolError
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
                                         sse)
 from orchestrax.rollout.protocol import parse_generate, result_to_json
-from orchestrax.rollout.runner import ServerState, Update, run_request, stream_request
+from orchestrax.rollout.serving import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
 
 log = logging.getLogger(__name__)

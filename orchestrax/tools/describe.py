@@ -1,6 +1,6 @@
 """The paper's capability-description procedure for an LLM tool: sample tasks, run the tool model
 on each, then have a describer model write the tool description from those trajectories and their
-outcomes. `scripts/describe_llm_tool.py` is the command line around `describe_tool`."""
+outcomes. `tools/describe_llm_tool.py` is the command line around `describe_tool`."""
 
 from __future__ import annotations
 

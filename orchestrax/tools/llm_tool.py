@@ -63,7 +63,7 @@ class LLMToolConfig:
     role: Role
     chat: ChatEndpoint
     price_model: str | None = None       # key in the pricing sheet; None means chat.model
-    description: str | None = None       # e.g. written by scripts/describe_llm_tool.py
+    description: str | None = None       # e.g. written by tools/describe_llm_tool.py
     sandbox: SandboxConfig = SandboxConfig()   # used by the coder role only
     latency_s: float = 5.0               # nominal per call: the spec, and the latency charged
                                          # when the sheet has no seconds per token

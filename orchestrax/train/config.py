@@ -52,7 +52,7 @@ class RolloutConfig:
     enable_thinking: bool = True
     max_in_flight: int = 1024               # episodes alive at once (over all workers)
     workers: int = 0                        # 0: episodes on the trainer's event loop; N: an
-                                            # EpisodePool of N processes (see train/episodes.py)
+                                            # EpisodePool of N processes (see train/rollouts.py)
     sampler_max_batch: int = 64             # embedded sampler batch
     # embedded sampler's batcher: "static" (a batch runs to its longest row) or "continuous"
     # (requests join and leave between decode steps; rollout/engine.py)

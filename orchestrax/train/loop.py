@@ -32,7 +32,7 @@ from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
 from orchestrax.rollout.base import SamplingParams
 from orchestrax.tools.randomize import instance_seed
-from orchestrax.train import (batching, checkpoint, config, console, episodes, run_info, setup,
+from orchestrax.train import (batching, checkpoint, config, console, rollouts, run_info, setup,
                               warmstart)
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.config import TrainConfig
@@ -188,7 +188,7 @@ class Trainer:
         self._close()
         if jax.process_index() == 0:
             png = plots.plot_run(self.metrics.path, self.local / "metrics.png")
-            log.info("done: %s; metrics %s, plots %s\n  export: python scripts/export_hf.py %s "
+            log.info("done: %s; metrics %s, plots %s\n  export: python tools/export_hf.py %s "
                      "EXPORT_DIR\n  serve:  orchestrax serve --model EXPORT_DIR\n  eval:   "
                      "orchestrax eval --policy %s --tasks TASKS", self.cfg.name,
                      self.metrics.path, png, self.out, self.out)
@@ -269,7 +269,7 @@ class Trainer:
             groups, outcome = await self._rollout(tasks, cfg.rollout.group_size)
             t_roll = time.perf_counter() - t0
             # Published before the rollout: every turn should report this version.
-            stale = episodes.drop_stale((tr for gr in groups for tr in gr),
+            stale = rollouts.drop_stale((tr for gr in groups for tr in gr),
                                         str(self._global_step()))
             batch, stats = self._make_batch(tasks, groups, outcome)
             stats |= stale | self._sampler_counters()
@@ -348,18 +348,18 @@ class Trainer:
         salt = 0 if temperature is None else 1
         seeds = np.random.default_rng([self.cfg.seed, 4, self._global_step(), salt]).integers(
             0, 2**31 - 2**16, len(tasks) * group)
-        jobs = [episodes.EpisodeJob(task=t, episode=dataclasses.replace(
+        jobs = [rollouts.EpisodeJob(task=t, episode=dataclasses.replace(
                     cfg, sampling=dataclasses.replace(cfg.sampling, sampling_seed=int(seed))))
                 for t, seed in zip((t for t in tasks for _ in range(group)), seeds)]
         if self.pool is not None:
             played = await self.pool.play(jobs)
             # Each episode brings its worker's client counters back; the next row logs them.
-            self._worker_counters = episodes.sum_counters(
+            self._worker_counters = rollouts.sum_counters(
                 [self._worker_counters, *(counters for _, _, counters in played)])
             played = [(traj, outcome) for traj, outcome, _ in played]
         else:
             async def one(job):
-                return await episodes.play(self.env, self.sampler, self.codec, self.executor,
+                return await rollouts.play(self.env, self.sampler, self.codec, self.executor,
                                            job)
 
             played = await fan_out(one, jobs, max_in_flight=self.cfg.rollout.max_in_flight)
@@ -381,7 +381,7 @@ class Trainer:
                 sampler=self.sampler, model_path=str(self.local / "model"),
                 tokenizer=self.tokenizer))
             urls = (f"http://127.0.0.1:{server.bound_port(self._server)}",)
-        build = functools.partial(episodes.EpisodePlayer, self.cfg, urls)
+        build = functools.partial(rollouts.EpisodePlayer, self.cfg, urls)
         self.pool = await asyncio.to_thread(
             EpisodePool, build, workers=r.workers,
             max_in_flight=max(1, r.max_in_flight // r.workers))
@@ -429,7 +429,7 @@ class Trainer:
                  # Every episode comes back, as a trajectory or as a failed one (never lost).
                  "episodes": float(len(flat)),
                  "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
-        stats |= _floats(counters) | self.env.stats(tasks, groups) | episodes.tool_totals(flat)
+        stats |= _floats(counters) | self.env.stats(tasks, groups) | rollouts.tool_totals(flat)
         return batch, stats
 
     async def _publish_weights(self) -> None:
@@ -448,7 +448,7 @@ class Trainer:
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
                "latency_mean": float(np.mean([clock(tr) for tr in flat]))}
-        return (row | self.env.stats(tasks, groups) | episodes.tool_totals(flat)
+        return (row | self.env.stats(tasks, groups) | rollouts.tool_totals(flat)
                 | self._sampler_counters())
 
     def _sampler_counters(self) -> dict[str, float]:
@@ -456,7 +456,7 @@ class Trainer:
         eval's rollouts): the trainer's own SGLang client (episodes on this event loop) plus the
         episode workers' clients (their counters come back with the episodes). Empty for the
         embedded sampler on this event loop, which has no client."""
-        total = episodes.sum_counters([self.sampler.take_counters(), self._worker_counters])
+        total = rollouts.sum_counters([self.sampler.take_counters(), self._worker_counters])
         self._worker_counters = {}
         return {f"rollout/{k}": float(v) for k, v in total.items()}
 

@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _export_script() -> pathlib.Path:
     import orchestrax
-    return pathlib.Path(orchestrax.__file__).resolve().parents[1] / "scripts" / "export_hf.py"
+    return pathlib.Path(orchestrax.__file__).resolve().parents[1] / "tools" / "export_hf.py"
 
 
 @contextlib.contextmanager

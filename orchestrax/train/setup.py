@@ -50,7 +50,7 @@ def load_params(cfg: TrainConfig, mesh) -> tuple[models.ModelConfig, Any]:
 def write_model_card(directory: pathlib.Path, model_cfg: models.ModelConfig, tokenizer,
                      source: str | None = None) -> None:
     """config.json and the tokenizer next to the checkpoints, so a run exports on its own
-    (scripts/export_hf.py) and SGLang weight-sync directories get a tokenizer; the source
+    (tools/export_hf.py) and SGLang weight-sync directories get a tokenizer; the source
     model's generation_config.json too, so exports keep its stop tokens and sampling."""
     directory.mkdir(parents=True, exist_ok=True)
     hf = models.config_to_hf(model_cfg, model_cfg.param_dtype)

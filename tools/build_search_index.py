@@ -1,8 +1,8 @@
 """Build (or find cached) the local-search index over a passage corpus.
 
-  python scripts/build_search_index.py --corpus ../shared/data/corpus/wiki_summaries_en.json
-  python scripts/build_search_index.py --corpus ... --backend bm25 --cache-dir /tmp/cache
-  python scripts/build_search_index.py --corpus ... --embedder openai --base-url http://host:30000 \
+  python tools/build_search_index.py --corpus ../shared/data/corpus/wiki_summaries_en.json
+  python tools/build_search_index.py --corpus ... --backend bm25 --cache-dir /tmp/cache
+  python tools/build_search_index.py --corpus ... --embedder openai --base-url http://host:30000 \
       --model Qwen/Qwen3-Embedding-0.6B
 """
 

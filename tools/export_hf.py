@@ -1,6 +1,6 @@
 """Export a training run's checkpoint as a Hugging Face directory that transformers loads.
 
-    python scripts/export_hf.py RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite]
+    python tools/export_hf.py RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite]
 
 RUN_DIR is a TrainConfig.out_dir: the trainer keeps `model/` (config.json + tokenizer files) and
 `checkpoints/` (Orbax) there. Only the parameters are read; the optimizer state is skipped.

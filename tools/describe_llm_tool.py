@@ -1,7 +1,7 @@
 """Write an LLM tool's capability description the way ToolOrchestra does: sample 10 tasks, run the
 tool model on them, and ask a describer model to describe the tool from the attempts and outcomes.
 
-  python scripts/describe_llm_tool.py --tasks ../shared/data/qa/aime_2024_2025.jsonl \
+  python tools/describe_llm_tool.py --tasks ../shared/data/qa/aime_2024_2025.jsonl \
       --tool-url http://127.0.0.1:30001 --tool-model Qwen/Qwen2.5-Math-72B --role math \
       --describer-url https://api.openai.com --describer-model gpt-5 \
       --describer-key-env OPENAI_API_KEY --name math_72b --out specs/math_72b.json
