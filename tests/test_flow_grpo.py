@@ -159,7 +159,7 @@ def test_preferences_and_config_errors():
         [0.5, 0, 1, 1, 0.2, 0.3],           # P over the sub-agents: as is
         [0, 0, 0, 1, 0, 1],                 # P over a tool no sub-agent holds: last three
         [0.9, 0.4, 0, 1, 0, 1]])            # searcher = max(web 0.2, local 0.9), coder = python
-    with pytest.raises(ValueError, match=r"AgentConfig.mode='flow'; allowed: \('direct', "):
+    with pytest.raises(ValueError, match=r"AgentConfig.mode='flow'; allowed: direct, subagent"):
         AgentConfig(mode="flow")
     with pytest.raises(ValueError, match=r"AgentConfig.exclude=\['memory'\]"):
         AgentConfig(exclude=("memory",))

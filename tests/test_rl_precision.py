@@ -71,5 +71,5 @@ def test_bf16_first_moment_keeps_fp32_params_moving():
 
 
 def test_mu_dtype_is_checked():
-    with pytest.raises(ValueError, match="OptimizerConfig.mu_dtype='float16'; must be None, "):
+    with pytest.raises(ValueError, match="OptimizerConfig.mu_dtype='float16'; allowed: None, "):
         rl.OptimizerConfig(mu_dtype="float16")

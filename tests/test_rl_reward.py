@@ -185,7 +185,7 @@ def test_outcome_reward():
 
 def test_bad_inputs_name_the_field():
     c, o, z = np.zeros((1, 2, 2)), np.ones((1, 2)), np.zeros((1, 2))
-    with pytest.raises(ValueError, match="scope.*allowed values: group, batch"):
+    with pytest.raises(ValueError, match="scope.*allowed: group, batch"):
         rl.toolorchestra_reward(c, o, z, z, np.zeros((1, 5)), scope="global")
     with pytest.raises(ValueError, match=r"shape \(1, 4\) but expected \(1, 5\)\. "
                                          r"\[toolorchestra_reward: preference must be \[Q,N\+3\]"):

@@ -53,7 +53,7 @@ def test_grid_points_and_flag_errors():
     with pytest.raises(ValueError, match=r"--ablate='no_planner'"):
         grid_points("subagent", "none", "no_planner")
     with pytest.raises(ValueError, match=r"SubagentOptions.ablation='x'"):
-        SubagentOptions(ablation="x")
+        SubagentOptions().with_ablation("x")
 
 
 def test_grid_runs_every_point_and_writes_table_and_plots(tmp_path):
@@ -139,3 +139,20 @@ def test_cli_grid_on_an_hf_policy(tmp_path, capsys):
     for name in ("grid.csv", "grid_accuracy.png", "grid_tokens.png"):
         assert (out / name).stat().st_size > 0
     assert "subagent/orchestrator/no_memory" in capsys.readouterr().out
+
+
+def test_train_and_eval_settings_become_the_system_configs_in_one_place():
+    from orchestrax.agent.subagent import OrchestratorConfig, SubAgentConfig
+    from orchestrax.train.agent_config import AgentConfig
+
+    budget = dict(max_turns=4, max_new_tokens=64, context_tokens=512)
+    train = AgentConfig(mode="subagent", thinking="subagents", subagent_steps=2,
+                        subagent_new_tokens=32).with_ablation("no_memory")
+    evaluate = SubagentOptions(thinking="subagents", subagent_steps=2,
+                               subagent_new_tokens=32).with_ablation("no_memory")
+    assert train.configs(**budget) == evaluate.configs(**budget) == (
+        OrchestratorConfig(max_turns=4, max_new_tokens=64, turn_tokens=512,
+                           enable_thinking=False, memory=False),
+        SubAgentConfig(max_steps=2, max_new_tokens=32, context_tokens=512,
+                       enable_thinking=True))
+    assert SubagentOptions().with_ablation("no_coder").exclude == ("coder",)

@@ -173,7 +173,7 @@ def test_latency_is_the_sheets_figure_never_the_response_time():
     timed = reprice(plain, sheet)
     res = asyncio.run(scenario(timed))
     assert res.output_tokens > 0 and res.latency == pytest.approx(0.1 * res.output_tokens)
-    with pytest.raises(ValueError, match=r"ModelPrice.seconds_per_output_token=-1; must be None"):
+    with pytest.raises(ValueError, match=r"ModelPrice.seconds_per_output_token=-1; must be >= 0"):
         sheet_from_json({"name": "s", "split": "train", "models": {"m": {
             "provider": "p", "usd_per_m_input": 1, "usd_per_m_output": 1,
             "seconds_per_output_token": -1}}})

@@ -14,7 +14,7 @@ from orchestrax.envs.routing import RoutingConfig
 from orchestrax.envs.tau2 import Tau2Config
 from orchestrax.envs.tau2.domain import load_domain
 from orchestrax.rl import GRPOConfig, OptimizerConfig
-from orchestrax.train import validate
+from orchestrax import checks
 from orchestrax.train.config import (RolloutConfig, TrainConfig, check_env_fits,
                                      check_master_weights)
 from orchestrax.train.loop import Trainer
@@ -166,15 +166,15 @@ def test_validator_reads_hints():
         b: tuple[tuple[str, int], ...]
         c: Inner | None
 
-    validate.check_fields(Outer(a=1, b=(("x", 1),), c=None))
-    validate.check_fields(Outer(a=None, b=(), c=Inner(k=2)))
+    checks.check_fields(Outer(a=1, b=(("x", 1),), c=None))
+    checks.check_fields(Outer(a=None, b=(), c=Inner(k=2)))
     for bad, message in [(Outer(a="1", b=(), c=None), "a='1'; expected a finite number or None"),
                          (Outer(a=1.0, b=(("x",),), c=None), r"b\[0\]=\('x',\); expected a "
                                                                r"tuple of 2 \(a string, an int\)"),
                          (Outer(a=1.0, b=(), c=Inner(k=1.5)), "c.k=1.5; expected an int"),
                          (Outer(a=float("nan"), b=(), c=None), "a=nan")]:
         with pytest.raises(ValueError, match=message):
-            validate.check_fields(bad)
+            checks.check_fields(bad)
 
 
 def test_a_gs_out_dir_stays_gs_and_makes_no_local_gs_folder(tmp_path, monkeypatch):

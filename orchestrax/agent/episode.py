@@ -18,7 +18,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from orchestrax.agent import chat
-from orchestrax.agent.checks import at_least
+from orchestrax.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.fanout import fan_out

@@ -12,6 +12,7 @@ except the tool a tool-specific wish names (chosen among the instance's non-doma
 
 from __future__ import annotations
 
+from orchestrax.checks import require
 import dataclasses
 import random
 from typing import Literal, Sequence
@@ -30,8 +31,7 @@ class PreferencePair:
     def __post_init__(self):
         for name in ("outcome", "compute", "latency", "tool"):
             v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"PreferencePair.{name}={v}; must be in [0, 1]")
+            require(0.0 <= v <= 1.0, self, name, v, "in [0, 1]")
         if (self.tool > 0) != ("{tool}" in self.instruction):
             raise ValueError(f"PreferencePair {self.instruction!r}: a tool weight needs a "
                              "{tool} slot in the instruction and vice versa")

@@ -17,10 +17,10 @@ import dataclasses
 import pathlib
 from typing import Any, Sequence
 
-from orchestrax.agent.subagent import THINKING, thinking_flags
+from orchestrax.agent.subagent import ABLATIONS, THINKING, thinking_flags
 from orchestrax.eval import report
 from orchestrax.eval.policy import Policy
-from orchestrax.eval.subagent import ABLATIONS, SubagentOptions
+from orchestrax.eval.subagent import SubagentOptions
 from orchestrax.eval.suite import EvalRun, run_eval
 from orchestrax.tools.base import Pricing
 
@@ -73,9 +73,8 @@ async def run_grid(policy: Policy, run: EvalRun, points: Sequence[GridPoint], *,
     for point in points:
         episode = dataclasses.replace(run.cfg.episode,
                                       enable_thinking=thinking_flags(point.thinking)[0])
-        options = (SubagentOptions(thinking=point.thinking, ablation=point.ablation,
-                                   subagent_policy=subagent_policy,
-                                   subagent_pricing=subagent_pricing)
+        options = (SubagentOptions(thinking=point.thinking, subagent_policy=subagent_policy,
+                                   subagent_pricing=subagent_pricing).with_ablation(point.ablation)
                    if point.agent == "subagent" else None)
         cfg = dataclasses.replace(run.cfg, episode=episode, agent_options=options)
         payload = await run_eval(policy, dataclasses.replace(run, cfg=cfg, runner=point.agent,

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from orchestrax import registry
-from orchestrax.agent.checks import at_least_or_none
+from orchestrax.checks import at_least_or_none, one_of, require
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.envs.routing import LookupTool, RoutingConfig
 from orchestrax.eval import grid, report
@@ -105,12 +105,9 @@ class EvalCommand:
         at_least_or_none(self, 1, "limit", "max_turns", "max_new_tokens", "context_tokens",
                          "max_in_flight")
         for name, allowed in (("param_dtype", PARAM_DTYPES), ("grader", GRADERS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"EvalCommand.{name}={getattr(self, name)!r}; allowed: "
-                                 f"{allowed}")
-        if not 0 <= self.max_error_rate <= 1:
-            raise ValueError(f"EvalCommand.max_error_rate={self.max_error_rate}; must be in "
-                             "[0, 1]")
+            one_of(self, name, getattr(self, name), allowed)
+        require(0 <= self.max_error_rate <= 1, self, "max_error_rate", self.max_error_rate,
+                "in [0, 1]")
 
 
 GRADERS = (None, "exact", "math", "judge")

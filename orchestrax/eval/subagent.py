@@ -2,8 +2,8 @@
 its sub-agents run on the same policy's sampler or on another one, and the record counts every
 model call (orchestrator and sub-agents), as the paper's Appendix C does.
 
-Its settings travel in `EvalConfig.agent_options` as a `SubagentOptions`; `ABLATIONS` names the
-paper's component ablation (Table 2).
+Its settings travel in `EvalConfig.agent_options` as a `SubagentOptions`, the system's settings
+that training uses too (`agent.subagent.SystemConfig`).
 """
 
 from __future__ import annotations
@@ -12,38 +12,21 @@ import dataclasses
 from collections import Counter
 from typing import Any, Sequence
 
-from orchestrax.agent.subagent import (THINKING, OrchestratorConfig, SubAgentConfig,
-                                       build_subagents, query_tools, run_query, thinking_flags)
-from orchestrax.agent.checks import at_least
+from orchestrax.agent.subagent import SystemConfig, build_subagents, query_tools, run_query
 from orchestrax.data.records import Task
 from orchestrax.envs.base import Environment
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.tools.base import Pricing, Tool
 
-# name -> (sub-agents left out, structured memory on)
-ABLATIONS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "none": ((), True), "no_web_searcher": (("web_searcher",), True),
-    "no_coder": (("coder",), True), "no_file_inspector": (("file_inspector",), True),
-    "no_memory": ((), False)}
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SubagentOptions:
-    thinking: str = "orchestrator"          # none | subagents | orchestrator | all
-    ablation: str = "none"                  # a key of ABLATIONS
-    subagent_steps: int = 3
+class SubagentOptions(SystemConfig):
+    """The system's settings (`SystemConfig`: thinking, memory, exclude, sub-agent budget; a
+    component ablation through `with_ablation`) plus the sub-agents' model for an evaluation."""
+
     subagent_new_tokens: int = 1024
     subagent_policy: Any = None             # a token-in/token-out policy; None: the orchestrator's
     subagent_pricing: Pricing | None = None  # the sub-agents' model, when it is a priced one
-
-    def __post_init__(self):
-        if self.thinking not in THINKING:
-            raise ValueError(f"SubagentOptions.thinking={self.thinking!r}; allowed: {THINKING}")
-        if self.ablation not in ABLATIONS:
-            raise ValueError(f"SubagentOptions.ablation={self.ablation!r}; allowed: "
-                             f"{sorted(ABLATIONS)}")
-        at_least(self, 1, "subagent_steps", "subagent_new_tokens")
 
 
 def _token_policy(policy: Any, what: str):
@@ -60,21 +43,17 @@ async def run_subagent(task: Task, env: Environment, policy: Any, tools: Sequenc
     bound the orchestrator (turns, tokens, sampling), `agent_options` the rest."""
     opts = cfg.agent_options or SubagentOptions(
         thinking="orchestrator" if cfg.episode.enable_thinking else "none")
-    orch_think, sub_think = thinking_flags(opts.thinking)
-    exclude, memory = ABLATIONS[opts.ablation]
     sampler, codec = _token_policy(policy, "policy")
     sub_sampler, sub_codec = (_token_policy(opts.subagent_policy, "subagent_policy")
                               if opts.subagent_policy is not None else (sampler, codec))
     held = query_tools(task, tools)
     ep = cfg.episode
-    agents = build_subagents(held, sub_sampler, sub_codec, SubAgentConfig(
-        max_steps=opts.subagent_steps, max_new_tokens=opts.subagent_new_tokens,
-        context_tokens=ep.context_tokens, enable_thinking=sub_think, sampling=ep.sampling,
-        pricing=opts.subagent_pricing), exclude=exclude)
-    rollout = await run_query(task, agents, sampler, codec, OrchestratorConfig(
-        max_turns=ep.max_turns, max_new_tokens=ep.max_new_tokens, turn_tokens=ep.context_tokens,
-        enable_thinking=orch_think, memory=memory, sampling=ep.sampling,
-        pricing=cfg.policy_pricing))
+    orchestrator, subagent = opts.configs(
+        max_turns=ep.max_turns, max_new_tokens=ep.max_new_tokens,
+        context_tokens=ep.context_tokens, sampling=ep.sampling, subagent_sampling=ep.sampling,
+        pricing=cfg.policy_pricing, subagent_pricing=opts.subagent_pricing)
+    agents = build_subagents(held, sub_sampler, sub_codec, subagent, exclude=opts.exclude)
+    rollout = await run_query(task, agents, sampler, codec, orchestrator)
     outcome = await env.verify(task, rollout.trajectory)
     return subagent_record(rollout, outcome, tools=held, preference=task.preference,
                            turn_limit=ep.max_turns, seconds_per_token=cfg.seconds_per_token)

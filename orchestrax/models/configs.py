@@ -6,7 +6,8 @@ Preset numbers are the published `config.json` values of the Qwen3 dense checkpo
 from __future__ import annotations
 
 import dataclasses
-import math
+
+from orchestrax.checks import above, at_least, one_of
 
 ARCHITECTURES = ("qwen3", "llama")
 DTYPES = ("float32", "bfloat16")
@@ -39,30 +40,20 @@ class ModelConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self):
-        if self.arch not in ARCHITECTURES:
-            raise ValueError(f"ModelConfig.arch={self.arch!r}; allowed: {ARCHITECTURES}")
+        one_of(self, "arch", self.arch, ARCHITECTURES)
         for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {DTYPES}")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {REMAT_POLICIES}")
-        if self.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"ModelConfig.attention={self.attention!r}; allowed: "
-                             f"{ATTENTION_KERNELS}")
+            one_of(self, name, getattr(self, name), DTYPES)
+        one_of(self, "remat", self.remat, REMAT_POLICIES)
+        one_of(self, "attention", self.attention, ATTENTION_KERNELS)
         if self.attention == "cudnn" and (self.dtype != "bfloat16" or self.head_dim % 8
                                           or self.head_dim > 128):
             raise ValueError(f"ModelConfig.attention='cudnn' needs dtype='bfloat16' and a head_dim "
                              f"that is a multiple of 8 and <= 128 (got dtype={self.dtype!r}, "
                              f"head_dim={self.head_dim}); use 'auto' or 'chunked'")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)}; must be >= 1")
-        for name in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
-            value = getattr(self, name)
-            # `not value > 0` so NaN is refused too: a negative theta or eps trains to NaN.
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"ModelConfig.{name}={value}; must be a finite number > 0")
+        at_least(self, 1, "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                 "num_heads", "num_kv_heads", "head_dim")
+        # A negative theta or eps trains to NaN.
+        above(self, 0, "rope_theta", "rms_norm_eps", "max_position_embeddings")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from orchestrax.rl import contracts
-from orchestrax.rl.config import ADV_ESTIMATORS, check_choice
+from orchestrax.checks import one_of
+from orchestrax.rl.config import ADV_ESTIMATORS
 
 
 def _prep(R: chex.Array, mask: chex.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -76,7 +77,7 @@ def compute_advantages(R: chex.Array, estimator: str = "grpo", *, eps: float = 1
                        ddof: int = 0, clip: float | None = None,
                        mask: chex.Array | None = None) -> jax.Array:
     """Dispatch by name: "grpo", "dr_grpo" or "rloo". [Q,G] -> [Q,G]."""
-    check_choice("compute_advantages", "estimator", estimator, ADV_ESTIMATORS)
+    one_of("compute_advantages", "estimator", estimator, ADV_ESTIMATORS)
     if estimator == "grpo":
         return group_advantages(R, eps=eps, ddof=ddof, clip=clip, mask=mask)
     if estimator == "dr_grpo":

@@ -8,23 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from orchestrax.checks import above, at_least, one_of, require
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
              "rollout-turn-token-mean")
 KL_ESTIMATORS = ("k1", "k3", "mse")
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 REWARD_SCOPES = ("group", "batch")
 SCHEDULES = ("cosine", "constant")
-
-
-def check_choice(owner: str, field: str, value: str, allowed: tuple[str, ...]) -> None:
-    """Raise ValueError naming the field and its allowed values when `value` is not one of them."""
-    if value not in allowed:
-        raise ValueError(f"{owner}.{field}={value!r}; allowed values: {', '.join(allowed)}")
-
-
-def _check(cond: bool, owner: str, field: str, value: object, rule: str) -> None:
-    if not cond:
-        raise ValueError(f"{owner}.{field}={value!r}; must be {rule}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,39 +60,34 @@ class GRPOConfig:
     objective: str = "grpo"
 
     def __post_init__(self):
-        n = "GRPOConfig"
-        _check(0 <= self.clip_low < 1, n, "clip_low", self.clip_low, "in [0, 1)")
-        _check(self.clip_high >= 0, n, "clip_high", self.clip_high, ">= 0")
-        _check(self.dual_clip is None or self.dual_clip > 1, n, "dual_clip", self.dual_clip,
-               "None or > 1")
-        _check(self.log_ratio_clamp > 0, n, "log_ratio_clamp", self.log_ratio_clamp, "> 0")
-        check_choice(n, "agg", self.agg, AGG_MODES)
-        _check(self.norm_len is None or self.norm_len > 0, n, "norm_len", self.norm_len,
-               "None or > 0")
-        _check(self.agg != "seq-mean-token-sum-norm" or self.norm_len is not None, n, "norm_len",
-               self.norm_len, "a fixed int > 0 with agg='seq-mean-token-sum-norm' (the padded "
-               "length changes from batch to batch)")
-        check_choice(n, "kl", self.kl, KL_ESTIMATORS)
-        _check(self.kl_coef >= 0, n, "kl_coef", self.kl_coef, ">= 0")
-        _check(self.tis_cap is None or self.tis_cap > 0, n, "tis_cap", self.tis_cap, "None or > 0")
-        _check(self.temperature > 0, n, "temperature", self.temperature, "> 0")
-        _check(self.logprob_chunk is None or self.logprob_chunk >= 1, n, "logprob_chunk",
-               self.logprob_chunk, "None or >= 1")
-        check_choice(n, "adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
-        _check(self.adv_eps >= 0, n, "adv_eps", self.adv_eps, ">= 0")
-        _check(self.adv_ddof in (0, 1), n, "adv_ddof", self.adv_ddof, "0 or 1")
-        _check(self.adv_clip is None or self.adv_clip > 0, n, "adv_clip", self.adv_clip,
-               "None or > 0")
-        _check(self.min_group_std >= 0, n, "min_group_std", self.min_group_std, ">= 0")
-        check_choice(n, "reward_scope", self.reward_scope, REWARD_SCOPES)
-        for f in ("cost_resolution", "latency_resolution"):
-            _check(getattr(self, f) >= 0, n, f, getattr(self, f), ">= 0")
+        require(0 <= self.clip_low < 1, self, "clip_low", self.clip_low, "in [0, 1)")
+        require(self.dual_clip is None or self.dual_clip > 1, self, "dual_clip", self.dual_clip,
+                "None or > 1")
+        one_of(self, "agg", self.agg, AGG_MODES)
+        require(self.norm_len is None or self.norm_len > 0, self, "norm_len", self.norm_len,
+                "None or > 0")
+        require(self.agg != "seq-mean-token-sum-norm" or self.norm_len is not None, self,
+                "norm_len", self.norm_len, "a fixed int > 0 with agg='seq-mean-token-sum-norm' "
+                "(the padded length changes from batch to batch)")
+        one_of(self, "kl", self.kl, KL_ESTIMATORS)
+        at_least(self, 0, "clip_high", "kl_coef", "adv_eps", "min_group_std", "cost_resolution",
+                 "latency_resolution")
+        above(self, 0, "log_ratio_clamp", "temperature")
+        require(self.tis_cap is None or self.tis_cap > 0, self, "tis_cap", self.tis_cap,
+                "None or > 0")
+        require(self.logprob_chunk is None or self.logprob_chunk >= 1, self, "logprob_chunk",
+                self.logprob_chunk, "None or >= 1")
+        one_of(self, "adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
+        one_of(self, "adv_ddof", self.adv_ddof, (0, 1))
+        require(self.adv_clip is None or self.adv_clip > 0, self, "adv_clip", self.adv_clip,
+                "None or > 0")
+        one_of(self, "reward_scope", self.reward_scope, REWARD_SCOPES)
         for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
             v = getattr(self, f)
-            _check(isinstance(v, int) and v >= 1, n, f, v, "an int >= 1")
-        check_choice(n, "objective", self.objective, ("grpo", "sft"))
-        _check(self.shuffle_seed is None or isinstance(self.shuffle_seed, int), n, "shuffle_seed",
-               self.shuffle_seed, "None or an int")
+            require(isinstance(v, int) and v >= 1, self, f, v, "an int >= 1")
+        one_of(self, "objective", self.objective, ("grpo", "sft"))
+        require(self.shuffle_seed is None or isinstance(self.shuffle_seed, int), self,
+                "shuffle_seed", self.shuffle_seed, "None or an int")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,19 +111,16 @@ class OptimizerConfig:
                                             # stored by stochastic rounding (rl/optim.py says why)
 
     def __post_init__(self):
-        n = "OptimizerConfig"
-        _check(self.lr > 0, n, "lr", self.lr, "> 0")
-        _check(self.warmup_steps >= 0, n, "warmup_steps", self.warmup_steps, ">= 0")
-        check_choice(n, "schedule", self.schedule, SCHEDULES)
-        _check(self.total_steps > self.warmup_steps, n, "total_steps", self.total_steps,
-               f"> warmup_steps ({self.warmup_steps})")
-        _check(0 <= self.min_lr_ratio <= 1, n, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
-        _check(0 <= self.b1 < 1, n, "b1", self.b1, "in [0, 1)")
-        _check(0 <= self.b2 < 1, n, "b2", self.b2, "in [0, 1)")
-        _check(self.eps > 0, n, "eps", self.eps, "> 0")
-        _check(self.weight_decay >= 0, n, "weight_decay", self.weight_decay, ">= 0")
-        _check(self.max_grad_norm is None or self.max_grad_norm > 0, n, "max_grad_norm",
-               self.max_grad_norm, "None or > 0")
+        above(self, 0, "lr", "eps")
+        at_least(self, 0, "warmup_steps", "weight_decay")
+        one_of(self, "schedule", self.schedule, SCHEDULES)
+        require(self.total_steps > self.warmup_steps, self, "total_steps", self.total_steps,
+                f"> warmup_steps ({self.warmup_steps})")
+        require(0 <= self.min_lr_ratio <= 1, self, "min_lr_ratio", self.min_lr_ratio,
+                "in [0, 1]")
+        require(0 <= self.b1 < 1, self, "b1", self.b1, "in [0, 1)")
+        require(0 <= self.b2 < 1, self, "b2", self.b2, "in [0, 1)")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, self, "max_grad_norm",
+                self.max_grad_norm, "None or > 0")
         for f in ("mu_dtype", "nu_dtype"):
-            _check(getattr(self, f) in (None, "float32", "bfloat16"), n, f, getattr(self, f),
-                   "None, 'float32' or 'bfloat16'")
+            one_of(self, f, getattr(self, f), (None, "float32", "bfloat16"))

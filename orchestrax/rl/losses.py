@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from orchestrax.rl import contracts
-from orchestrax.rl.config import AGG_MODES, KL_ESTIMATORS, check_choice
+from orchestrax.checks import one_of
+from orchestrax.rl.config import AGG_MODES, KL_ESTIMATORS
 
 Metrics = dict[str, jax.Array]
 _sg = jax.lax.stop_gradient
@@ -35,7 +36,7 @@ def token_weights(mask_BT: chex.Array, agg: str = "token-mean", norm_len: int | 
     rollout (default: each row its own); each rollout with a policy token weighs 1 / #rollouts,
     each of its turns 1 / #turns of it, each token 1 / #tokens of its turn.
     """
-    check_choice("policy_loss", "agg", agg, AGG_MODES)
+    one_of("policy_loss", "agg", agg, AGG_MODES)
     _check_norm_len("policy_loss", agg, norm_len)
     contracts.check_rank("token_weights", "mask", mask_BT, 2, "[B,T]")
     m = jnp.asarray(mask_BT, jnp.float32)
@@ -70,7 +71,7 @@ def _check_norm_len(owner: str, agg: str, norm_len: int | None) -> None:
 def kl_penalty(logprobs: chex.Array, ref_logprobs: chex.Array, kl: str = "k3") -> jax.Array:
     """Per-token estimate of KL(π‖π_ref) from samples of π: k1 = logπ − logπ_ref,
     k3 = e^d − d − 1 with d = logπ_ref − logπ (unbiased, ≥ 0), mse = ½(logπ − logπ_ref)²."""
-    check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
+    one_of("policy_loss", "kl", kl, KL_ESTIMATORS)
     contracts.check_shape("kl_penalty", "ref_logprobs", ref_logprobs, jnp.shape(logprobs),
                           f"{jnp.shape(logprobs)}, the shape of logprobs")
     diff = logprobs - ref_logprobs
@@ -187,8 +188,8 @@ def policy_loss(logprobs: chex.Array, old_logprobs: chex.Array, advantages: chex
     when both are given, plus kl_coef·KL(π‖π_ref); aggregated by `agg` (`rollout_ids` [B]: the
     rollout of each row, for agg="rollout-turn-token-mean").
     """
-    check_choice("policy_loss", "agg", agg, AGG_MODES)
-    check_choice("policy_loss", "kl", kl, KL_ESTIMATORS)
+    one_of("policy_loss", "agg", agg, AGG_MODES)
+    one_of("policy_loss", "kl", kl, KL_ESTIMATORS)
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     w = token_weights(mask, agg, norm_len, rollout_ids)

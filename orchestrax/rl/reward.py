@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from orchestrax.rl import contracts
-from orchestrax.rl.config import REWARD_SCOPES, check_choice
+from orchestrax.checks import one_of
+from orchestrax.rl.config import REWARD_SCOPES
 
 
 class Resolution(NamedTuple):
@@ -67,7 +68,7 @@ def minmax_normalize(M_QGF: jax.Array, valid_QG: jax.Array, scope: str,
     scope "group": over the G rollouts of each task; "batch": over all Q·G rollouts.
     Invalid members neither set the range nor get a non-zero value.
     """
-    check_choice("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
+    one_of("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
     axes = (1,) if scope == "group" else (0, 1)
     v = valid_QG[..., None]
     lo = jnp.min(jnp.where(v, M_QGF, jnp.inf), axis=axes, keepdims=True)
@@ -110,7 +111,7 @@ def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: che
         o = np.asarray(outcome)
         if not np.all((o == 0) | (o == 1)):
             raise ValueError("outcome values must be 0 or 1")
-    check_choice("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
+    one_of("toolorchestra_reward", "scope", scope, REWARD_SCOPES)
     if valid is not None:
         contracts.check_shape(owner, "valid", valid, (Q, G),
                               f"[Q,G] = ({Q}, {G}) like tool_counts")

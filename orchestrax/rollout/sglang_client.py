@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import aiohttp
 
+from orchestrax.checks import above, at_least
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
 from orchestrax.rollout.protocol import ProtocolError, request_to_json, result_from_json
 from orchestrax.rollout.weight_sync import WeightSync, write_version
@@ -87,11 +88,8 @@ class SGLangClientConfig:
         for u in self.urls:
             if not u.startswith(("http://", "https://")):
                 raise ValueError(f"SGLangClientConfig.urls entry {u!r}; must start with http(s)://")
-        for name in ("request_timeout_s", "health_interval_s", "health_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SGLangClientConfig.{name}={getattr(self, name)}; must be > 0")
-        if self.max_attempts < 1:
-            raise ValueError(f"SGLangClientConfig.max_attempts={self.max_attempts}; must be >= 1")
+        above(self, 0, "request_timeout_s", "health_interval_s", "health_timeout_s")
+        at_least(self, 1, "max_attempts")
 
 
 @dataclasses.dataclass(eq=False)

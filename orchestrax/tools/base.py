@@ -7,6 +7,7 @@ never has to catch its own failures just to keep an episode alive.
 
 from __future__ import annotations
 
+from orchestrax.checks import one_of
 import dataclasses
 from typing import Any, Literal, Protocol
 
@@ -25,8 +26,7 @@ class Pricing:
     usd_per_m_output: float = 0.0
 
     def __post_init__(self):
-        if self.kind not in ("per_call", "per_second", "per_token"):
-            raise ValueError(f"Pricing.kind={self.kind!r}; allowed: per_call, per_second, per_token")
+        one_of(self, "kind", self.kind, ("per_call", "per_second", "per_token"))
 
     def cost(self, *, seconds: float = 0.0, input_tokens: int = 0, output_tokens: int = 0) -> float:
         if self.kind == "per_call":

@@ -24,6 +24,7 @@ import pathlib
 import weakref
 from typing import Any
 
+from orchestrax.checks import above
 from orchestrax.tools import domain_child
 from orchestrax.tools.base import ToolError, ToolResult, ToolSpec
 from orchestrax.tools.sandbox import SandboxConfig, SandboxUnavailable
@@ -53,9 +54,7 @@ class WorkerConfig:
     max_live: int = 16
 
     def __post_init__(self):
-        for field in ("call_timeout_s", "start_timeout_s", "max_live"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"WorkerConfig.{field}={getattr(self, field)}; must be > 0")
+        above(self, 0, "call_timeout_s", "start_timeout_s", "max_live")
 
 
 _CLOSING: set[asyncio.Future] = set()  # closes of cancelled workers still running

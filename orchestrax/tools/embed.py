@@ -12,6 +12,7 @@ from typing import Literal, Protocol, Sequence
 import aiohttp
 import numpy as np
 
+from orchestrax.checks import above, one_of
 from orchestrax.tools.base import ToolError
 
 EmbedderKind = Literal["minilm", "openai"]
@@ -32,11 +33,8 @@ class EmbedderConfig:
     timeout_s: float = 60.0
 
     def __post_init__(self):
-        if self.kind not in ("minilm", "openai"):
-            raise ValueError(f"EmbedderConfig.kind={self.kind!r}; allowed: 'minilm', 'openai'")
-        for field in ("max_length", "batch_size", "torch_threads", "timeout_s"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"EmbedderConfig.{field}={getattr(self, field)}; must be > 0")
+        one_of(self, "kind", self.kind, ("minilm", "openai"))
+        above(self, 0, "max_length", "batch_size", "torch_threads", "timeout_s")
 
 
 class Embedder(Protocol):

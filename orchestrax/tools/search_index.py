@@ -16,6 +16,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from orchestrax.checks import at_least, one_of
 from orchestrax.tools.bm25 import BM25
 from orchestrax.tools.embed import Embedder, EmbedderConfig, embedder_key, make_embedder
 
@@ -37,10 +38,8 @@ class SearchIndexConfig:
     faiss_threads: int = 1                  # a flat search of one query is < 1 ms on one thread
 
     def __post_init__(self):
-        if self.faiss_threads < 1:
-            raise ValueError(f"SearchIndexConfig.faiss_threads={self.faiss_threads}; must be >= 1")
-        if self.backend not in ("dense", "bm25"):
-            raise ValueError(f"SearchIndexConfig.backend={self.backend!r}; allowed: 'dense', 'bm25'")
+        at_least(self, 1, "faiss_threads")
+        one_of(self, "backend", self.backend, ("dense", "bm25"))
         if not self.corpus_path:
             raise ValueError("SearchIndexConfig.corpus_path is empty; point it at a corpus file")
 

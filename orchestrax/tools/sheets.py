@@ -16,6 +16,7 @@ import json
 import pathlib
 from typing import Any, Literal
 
+from orchestrax.checks import at_least, at_least_or_none, one_of
 from orchestrax.tools.base import Pricing
 from orchestrax.tools.specs import pricing_from_json
 
@@ -34,14 +35,8 @@ class ModelPrice:
     seconds_per_output_token: float | None = None
 
     def __post_init__(self):
-        for field in ("usd_per_m_input", "usd_per_m_output", "usd_per_call"):
-            v = getattr(self, field)
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"ModelPrice.{field}={v!r}; must be a number >= 0")
-        v = self.seconds_per_output_token
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-            raise ValueError(f"ModelPrice.seconds_per_output_token={v!r}; must be None or a "
-                             "number >= 0")
+        at_least(self, 0, "usd_per_m_input", "usd_per_m_output", "usd_per_call")
+        at_least_or_none(self, 0, "seconds_per_output_token")
 
     def pricing(self) -> Pricing:
         return Pricing(kind="per_token", usd_per_call=self.usd_per_call,
@@ -57,8 +52,7 @@ class PricingSheet:
     note: str = ""
 
     def __post_init__(self):
-        if self.split not in ("train", "eval"):
-            raise ValueError(f"PricingSheet.split={self.split!r}; allowed: 'train', 'eval'")
+        one_of(self, "split", self.split, ("train", "eval"))
 
     def model_pricing(self, model: str) -> Pricing:
         if model not in self.models:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from orchestrax.checks import above, one_of, require
 from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.specs import check_arguments, object_schema
 
@@ -32,14 +33,9 @@ class WebSearchConfig:
     timeout_s: float = 20.0
 
     def __post_init__(self):
-        if self.search_depth not in ("basic", "advanced"):
-            raise ValueError(f"WebSearchConfig.search_depth={self.search_depth!r}; "
-                             "allowed: 'basic', 'advanced'")
-        if not 1 <= self.max_results <= 20:
-            raise ValueError(f"WebSearchConfig.max_results={self.max_results}; must be in [1, 20]")
-        for field in ("content_chars", "timeout_s"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"WebSearchConfig.{field}={getattr(self, field)}; must be > 0")
+        one_of(self, "search_depth", self.search_depth, ("basic", "advanced"))
+        require(1 <= self.max_results <= 20, self, "max_results", self.max_results, "in [1, 20]")
+        above(self, 0, "content_chars", "timeout_s")
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) or None

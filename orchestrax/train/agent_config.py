@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from orchestrax.agent.checks import at_least
-from orchestrax.agent.subagent import ROLES, THINKING
+from orchestrax.agent.subagent import SystemConfig
+from orchestrax.checks import at_least, at_least_or_none, one_of
 
 MODES = ("direct", "subagent")
 FLOW_AGGS = ("rollout-turn-token-mean", "token-mean")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AgentConfig:
+class AgentConfig(SystemConfig):
     """How episodes are played. "direct": one agent holds every tool (agent/episode.py);
-    "subagent": the orchestrator + sub-agents system, trained with Flow-GRPO (train/flow.py)."""
+    "subagent": the orchestrator + sub-agents system (its `SystemConfig` settings: thinking,
+    memory, exclude, sub-agent budget), trained with Flow-GRPO (train/flow.py)."""
 
     mode: str = "direct"
-    thinking: str = "orchestrator"          # none | subagents | orchestrator | all
-    memory: bool = True                     # False: the memory ablation (history replay)
-    exclude: tuple[str, ...] = ()           # sub-agents left out (the component ablation)
     orchestrator_turns: int = 8
     orchestrator_new_tokens: int = 512
-    subagent_steps: int = 3
-    subagent_new_tokens: int = 256
     subagent_urls: tuple[str, ...] = ()     # SGLang servers of the (frozen) sub-agent model;
                                             # () = a frozen embedded copy of the starting weights
     sandbox: str | None = "bwrap"           # the Coder's python tool; None: no Coder
@@ -41,19 +37,9 @@ class AgentConfig:
     subagent_seconds_per_token: float | None = None
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"AgentConfig.mode={self.mode!r}; allowed: {MODES}")
-        if self.flow_agg not in FLOW_AGGS:
-            raise ValueError(f"AgentConfig.flow_agg={self.flow_agg!r}; allowed: {FLOW_AGGS}")
-        if self.thinking not in THINKING:
-            raise ValueError(f"AgentConfig.thinking={self.thinking!r}; allowed: {THINKING}")
-        bad = sorted(set(self.exclude) - set(ROLES))
-        if bad:
-            raise ValueError(f"AgentConfig.exclude={bad}; allowed: {sorted(ROLES)}")
-        at_least(self, 1, "orchestrator_turns", "orchestrator_new_tokens", "subagent_steps",
-                 "subagent_new_tokens")
-        if self.subagent_seconds_per_token is not None:
-            at_least(self, 0, "subagent_seconds_per_token")
-        if self.train_turn_tokens is not None and self.train_turn_tokens < 2:
-            raise ValueError(f"AgentConfig.train_turn_tokens={self.train_turn_tokens}; must be "
-                             ">= 2 or None")
+        one_of(self, "mode", self.mode, MODES)
+        one_of(self, "flow_agg", self.flow_agg, FLOW_AGGS)
+        super().__post_init__()
+        at_least(self, 1, "orchestrator_turns", "orchestrator_new_tokens")
+        at_least_or_none(self, 0, "subagent_seconds_per_token")
+        at_least_or_none(self, 2, "train_turn_tokens")

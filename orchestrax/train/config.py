@@ -18,7 +18,6 @@ from etils import epath
 
 from orchestrax import registry
 from orchestrax.agent import chat
-from orchestrax.agent.checks import at_least
 from orchestrax.agent.episode import prompt_messages
 from orchestrax.envs.base import EnvConfig
 from orchestrax.envs.routing import RoutingConfig
@@ -31,7 +30,7 @@ from orchestrax.train.agent_config import AgentConfig
 from orchestrax.data.instances import InstanceConfig
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train import run_info
-from orchestrax.train.validate import check_fields
+from orchestrax.checks import at_least, check_fields, one_of
 
 DTYPES = ("float32", "bfloat16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -66,8 +65,7 @@ class RolloutConfig:
     def __post_init__(self):
         check_fields(self, prefix="RolloutConfig.")
         registry.check_backend(self.backend, "RolloutConfig.backend")
-        if self.engine not in ENGINES:
-            raise ValueError(f"RolloutConfig.engine={self.engine!r}; allowed: {ENGINES}")
+        one_of(self, "engine", self.engine, ENGINES)
         if self.backend == "sglang" and not self.server_urls:
             raise ValueError("RolloutConfig.server_urls is empty; backend='sglang' needs at least "
                              "one SGLang server (or one sglang-router) URL")
@@ -152,10 +150,8 @@ class TrainConfig:
         if self.eval_temperature < 0:
             raise ValueError(f"TrainConfig.eval_temperature={self.eval_temperature}; must be >= 0 "
                              "(0 is greedy)")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"TrainConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"TrainConfig.remat={self.remat!r}; allowed: {REMAT_POLICIES}")
+        one_of(self, "dtype", self.dtype, DTYPES)
+        one_of(self, "remat", self.remat, REMAT_POLICIES)
         if self.remat != "none" and self.model is not None:
             raise ValueError(f"TrainConfig.remat={self.remat!r} is for hf_path runs; with a "
                              f"model config set model.remat (now {self.model.remat!r})")

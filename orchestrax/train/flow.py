@@ -22,9 +22,8 @@ import numpy as np
 
 from orchestrax import registry, rl
 from orchestrax.agent.fanout import fan_out
-from orchestrax.agent.subagent import (ROLES, OrchestratorConfig, SubAgentConfig,
-                                       SubagentRollout, build_subagents, holdable, query_tools,
-                                       run_query, thinking_flags)
+from orchestrax.agent.subagent import (ROLES, SubagentRollout, build_subagents, holdable,
+                                       query_tools, run_query)
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplerConfig
 from orchestrax.train import batching
@@ -169,13 +168,9 @@ class FlowRunner:
         a, r = cfg.agent, cfg.rollout
         self.cfg, self.env, self.codec, self.sampler = cfg, env, codec, sampler
         self.subagent_sampler, self.executor = subagent_sampler, executor
-        orch_think, sub_think = thinking_flags(a.thinking)
-        self.orchestrator = OrchestratorConfig(
+        self.orchestrator, self.subagent = a.configs(
             max_turns=a.orchestrator_turns, max_new_tokens=a.orchestrator_new_tokens,
-            turn_tokens=r.context_tokens, enable_thinking=orch_think, memory=a.memory)
-        self.subagent = SubAgentConfig(max_steps=a.subagent_steps,
-                                       max_new_tokens=a.subagent_new_tokens,
-                                       context_tokens=r.context_tokens, enable_thinking=sub_think)
+            context_tokens=r.context_tokens)
         first = env.tasks("train")[:1]
         own = [t.spec.name for t in env.tools(first[0])] if first else []
         if own and not holdable(env.tools(first[0])):

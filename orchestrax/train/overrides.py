@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any, Callable, Mapping, Sequence
 
-from orchestrax.train import validate
+from orchestrax import checks
 from orchestrax.train.config import TrainConfig
 
 # Parsed arguments that are not config fields.
@@ -112,9 +112,9 @@ def _rebuild(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
         if isinstance(change, dict):
             resolved[name] = _rebuild(getattr(obj, name), change, path + ".")
             continue
-        hint = validate.field_hint(type(obj), name)
+        hint = checks.field_hint(type(obj), name)
         value = _coerce(change.text, hint) if isinstance(change, _Raw) else change
-        validate.check_value(path, value, hint)
+        checks.check_value(path, value, hint)
         resolved[name] = value
     try:
         return dataclasses.replace(obj, **resolved)

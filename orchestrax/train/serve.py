@@ -16,7 +16,7 @@ import signal
 import jax
 
 from orchestrax import models, registry
-from orchestrax.agent.checks import at_least
+from orchestrax.checks import at_least, one_of
 from orchestrax.rollout.base import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
@@ -56,9 +56,7 @@ class ServeConfig:
             raise ValueError("ServeConfig.model=''; give a directory or 'tiny'")
         for name, allowed in (("dtype", ("float32", "bfloat16")), ("engine", ENGINES),
                               ("param_dtype", PARAM_DTYPES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"ServeConfig.{name}={getattr(self, name)!r}; allowed: "
-                                 f"{', '.join(allowed)}")
+            one_of(self, name, getattr(self, name), allowed)
         at_least(self, 1, "max_batch")
         at_least(self, 2, "max_len")
         at_least(self, 0, "port")

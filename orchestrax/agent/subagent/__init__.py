@@ -9,10 +9,11 @@ from orchestrax.agent.subagent.orchestrator import (THINKING, OrchestratorConfig
 from orchestrax.agent.subagent.roles import (ROLES, SubAgent, SubAgentConfig, SubAgentReport,
                                              assign_tools, build_subagents, holdable,
                                              query_tools)
+from orchestrax.agent.subagent.system import ABLATIONS, SystemConfig
 
 __all__ = [
-    "FileReadTool", "Memory", "MemoryLimits", "ModelCall", "OrchestratorConfig", "QueryAccount",
-    "ROLES", "SubAgent", "SubAgentConfig", "SubAgentReport", "SubagentRollout", "THINKING",
-    "TurnSample", "assign_tools", "build_subagents", "holdable", "orchestrator_messages", "render",
-    "query_tools", "run_query", "thinking_flags",
+    "ABLATIONS", "FileReadTool", "Memory", "MemoryLimits", "ModelCall", "OrchestratorConfig",
+    "QueryAccount", "ROLES", "SubAgent", "SubAgentConfig", "SubAgentReport", "SubagentRollout",
+    "SystemConfig", "THINKING", "TurnSample", "assign_tools", "build_subagents", "holdable",
+    "orchestrator_messages", "render", "query_tools", "run_query", "thinking_flags",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from orchestrax.agent.checks import at_least
+from orchestrax.checks import at_least
 
 GoalStatus = Literal["pending", "done", "failed"]
 

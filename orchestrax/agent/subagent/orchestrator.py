@@ -18,7 +18,7 @@ import time
 from typing import Any, Literal, Mapping
 
 from orchestrax.agent import chat
-from orchestrax.agent.checks import at_least
+from orchestrax.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import prompt_messages, sample_turn
 from orchestrax.agent.parser import ToolCallParser

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Mapping, Sequence
 
-from orchestrax.agent.checks import at_least
+from orchestrax.checks import at_least
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor

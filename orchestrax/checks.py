@@ -1,8 +1,11 @@
-"""Type checks for frozen config dataclasses, read from their type hints.
+"""The one validation module of the package: every frozen config's `__post_init__` and every
+command's `--set` check their fields here, so each error reads the same way,
+`<Owner>.<field>=<value!r>; <what is allowed>`, and names the bad field.
 
-The configs' own `__post_init__` checks ranges (`lr > 0`); they assume the value already has the
-right type, so `lr="fast"` would fail there with a bare `TypeError: '>' not supported`. These
-checks run first and name the dotted field, the value and the type allowed.
+Two kinds of check: ranges and choices (`at_least`, `above`, `one_of`, `require`), which the
+configs call on their own fields; and types read off the type hints (`check_fields`,
+`check_value`), which run first, so that `lr="fast"` is refused by name rather than by a bare
+`TypeError: '>' not supported` inside a range check.
 """
 
 from __future__ import annotations
@@ -11,7 +14,54 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any
+from typing import Any, Sequence
+
+
+def _owner(cfg: Any) -> str:
+    return cfg if isinstance(cfg, str) else type(cfg).__name__
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def at_least(cfg: Any, bound: float, *names: str) -> None:
+    """Raise ValueError("<Class>.<field>=<value>; must be >= <bound>") for the first of `names`
+    whose value on `cfg` is below `bound`, or is not a number at all (a bool is not)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not _number(value):
+            raise ValueError(f"{_owner(cfg)}.{name}={value!r}; must be a number >= {bound}")
+        if not value >= bound:  # also refuses NaN
+            raise ValueError(f"{_owner(cfg)}.{name}={value!r}; must be >= {bound}")
+
+
+def at_least_or_none(cfg: Any, bound: float, *names: str) -> None:
+    """`at_least` for optional fields: None (decided elsewhere) passes."""
+    at_least(cfg, bound, *(n for n in names if getattr(cfg, n) is not None))
+
+
+def above(cfg: Any, bound: float, *names: str) -> None:
+    """Raise ValueError("<Class>.<field>=<value>; must be a finite number > <bound>") for the
+    first of `names` that is not one (NaN and infinity are refused)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not (_number(value) and math.isfinite(value) and value > bound):
+            raise ValueError(f"{_owner(cfg)}.{name}={value!r}; must be a finite number > {bound}")
+
+
+def one_of(owner: Any, name: str, value: Any, allowed: Sequence[Any]) -> None:
+    """Raise ValueError("<owner>.<name>=<value!r>; allowed: a, b") when `value` is not one of
+    `allowed`; `owner` is a config (its class names it) or a function's name."""
+    if value not in allowed:
+        raise ValueError(f"{_owner(owner)}.{name}={value!r}; allowed: "
+                         f"{', '.join(str(a) for a in allowed)}")
+
+
+def require(cond: bool, owner: Any, name: str, value: Any, rule: str) -> None:
+    """Raise ValueError("<owner>.<name>=<value!r>; must be <rule>") unless `cond`."""
+    if not cond:
+        raise ValueError(f"{_owner(owner)}.{name}={value!r}; must be {rule}")
 
 
 def check_fields(cfg: Any, prefix: str = "") -> None:
