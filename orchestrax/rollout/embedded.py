@@ -83,6 +83,9 @@ class EmbeddedSampler(Sampler):
         self._running: list[_Pending] = []
         self._task: asyncio.Task | None = None
         self.stats = {"batches": 0, "requests": 0, "tokens": 0}
+        # Cleared by `pause`: no decode chunk or engine step starts until `resume` sets it.
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
 
     # --- public API ----------------------------------------------------------------------------
     @property
@@ -142,6 +145,16 @@ class EmbeddedSampler(Sampler):
                     return
         finally:
             p.future.cancel()
+
+    def pause(self) -> None:
+        """Hold every request where it is (queued, or between decode chunks / engine steps)."""
+        self.unpaused.clear()
+
+    def resume(self) -> None:
+        self.unpaused.set()
+
+    def release_cache(self) -> None:
+        """Free the KV cache kept between requests while idle (this batcher keeps none)."""
 
     def abort(self, rid: str | None = None) -> int:
         """Finish queued and running requests with `rid` (all when None) as 'abort' now; running
@@ -291,6 +304,7 @@ class EmbeddedSampler(Sampler):
         state = prefill(self.cfg, params, prompt, mask, rows, total_len=t + n_new, **static)
         keep = np.zeros((n_rows,), bool)
         while True:
+            await self.unpaused.wait()
             keep[:len(batch)] = [not p.future.done() for p in batch]
             state, chunk = decode_chunk(self.cfg, params, state, rows, keep,
                                         chunk=self.chunk_tokens, **static)
@@ -383,6 +397,10 @@ class ContinuousSampler(EmbeddedSampler):
         if not self.engine.busy:   # nothing is generated until the next set_params
             self.engine.release()
 
+    def release_cache(self) -> None:
+        if not self.engine.busy:
+            self.engine.release()
+
     def take_counters(self) -> dict[str, int]:
         """Prompt tokens prefilled and reused from the prefix cache since the previous call."""
         out = {k: self.engine.stats[k] - self._reported.get(k, 0)
@@ -422,6 +440,7 @@ class ContinuousSampler(EmbeddedSampler):
                 del self._live[key]
             self._events.clear()
             if self._live:
+                await self.unpaused.wait()
                 await self._step()
 
     async def _step(self) -> None:

@@ -3,7 +3,9 @@
 Field names follow SGLang's `GenerateReqInput` (managers/io_struct.py), `SamplingParams`
 (sampling/sampling_params.py) and the finish-reason `to_json` of managers/schedule_batch.py:
 `{"type": "stop", "matched": id}`, `{"type": "length", "length": n}`, `{"type": "abort", ...}`.
-`meta_info.output_token_logprobs` is a list of `[logprob, token_id, text_or_null]`.
+`meta_info.output_token_logprobs` is a list of `[logprob, token_id, text_or_null]`;
+`input_token_logprobs` (asked with `logprob_start_len` >= 0) the same for the prompt from that
+position on, the first entry's logprob null. `max_new_tokens=0` scores the prompt only.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class ParsedSampling:
     n: int
     stop: tuple[str, ...]       # stop strings, matched on the decoded text by the server
     no_stop_trim: bool
+    score_only: bool = False    # max_new_tokens=0: nothing is generated (prompt logprobs only)
 
 
 def parse_sampling_params(d: Any, *, vocab_size: int = MAX_TOKEN_ID + 1,
@@ -136,8 +139,10 @@ def parse_sampling_params(d: Any, *, vocab_size: int = MAX_TOKEN_ID + 1,
                                 f"{NEUTRAL_SAMPLING_DEFAULTS[key]!r}); supported keys: "
                                 f"{', '.join(SUPPORTED_SAMPLING_KEYS)}")
     optional(d, "stream_interval", integer, None, name=prefix + "stream_interval", lo=1)
+    score_only = d.get("max_new_tokens") == 0 and not isinstance(d.get("max_new_tokens"), bool)
     sp = sampling_params(temperature=d.get("temperature"), top_p=d.get("top_p"),
-                         top_k=d.get("top_k"), max_new_tokens=d.get("max_new_tokens"),
+                         top_k=d.get("top_k"),
+                         max_new_tokens=1 if score_only else d.get("max_new_tokens"),
                          stop_token_ids=d.get("stop_token_ids"), seed=d.get("sampling_seed"),
                          presence_penalty=d.get("presence_penalty"),
                          frequency_penalty=d.get("frequency_penalty"),
@@ -145,7 +150,8 @@ def parse_sampling_params(d: Any, *, vocab_size: int = MAX_TOKEN_ID + 1,
     return ParsedSampling(
         params=sp, n=optional(d, "n", integer, 1, name=prefix + "n", lo=1, hi=limits.max_n),
         stop=stop_strings(d.get("stop"), prefix + "stop", limits),
-        no_stop_trim=optional(d, "no_stop_trim", boolean, False, name=prefix + "no_stop_trim"))
+        no_stop_trim=optional(d, "no_stop_trim", boolean, False, name=prefix + "no_stop_trim"),
+        score_only=score_only)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,6 +161,8 @@ class GenerateItem:
     stop: tuple[str, ...]
     no_stop_trim: bool
     return_logprob: bool
+    logprob_start_len: int = -1     # -1: no prompt logprobs
+    score_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -166,6 +174,7 @@ class GenerateCall:
     rids: tuple[str | None, ...]                # per prompt
     return_logprob: tuple[bool, ...]            # per prompt
     top_logprobs_num: tuple[int, ...]           # per prompt
+    logprob_start_len: tuple[int, ...]          # per prompt; -1: output logprobs only
     batched: bool                               # answer with a list
     return_text_in_logprobs: bool
     stream: bool
@@ -183,7 +192,10 @@ class GenerateCall:
                     request=GenerateRequest(input_ids=tuple(prompt_ids), sampling=sp, rid=rid,
                                             top_logprobs=self.top_logprobs_num[i]),
                     stop=ps.stop, no_stop_trim=ps.no_stop_trim,
-                    return_logprob=self.return_logprob[i]))
+                    return_logprob=self.return_logprob[i],
+                    logprob_start_len=(self.logprob_start_len[i] if self.return_logprob[i]
+                                       else -1),
+                    score_only=ps.score_only))
         return out
 
 
@@ -203,9 +215,6 @@ def parse_generate(body: Any, *, vocab_size: int = MAX_TOKEN_ID + 1, has_tokeniz
     for key in UNSUPPORTED_GENERATE_KEYS:
         if body.get(key) not in (None, False, [], ""):
             raise ProtocolError(f"/generate key {key!r} is not supported by this server")
-    if body.get("logprob_start_len") not in (None, -1):
-        raise ProtocolError(f"logprob_start_len={body['logprob_start_len']!r}: only output-token "
-                            "logprobs are supported; use -1 or leave it out")
     if (body.get("input_ids") is None) == (body.get("text") is None):
         raise ProtocolError("give exactly one of input_ids, text")
     prompts: list[tuple[int, ...] | str]
@@ -246,6 +255,10 @@ def parse_generate(body: Any, *, vocab_size: int = MAX_TOKEN_ID + 1, has_tokeniz
                _per_item(body.get("return_logprob") or False, count, "return_logprob")]
     top = [integer(x, "top_logprobs_num", lo=0, hi=MAX_TOP_LOGPROBS) for x in
            _per_item(body.get("top_logprobs_num") or 0, count, "top_logprobs_num")]
+    starts = [-1 if x is None else integer(x, "logprob_start_len", lo=-1, hi=MAX_TOKEN_ID)
+              for x in _per_item(body.get("logprob_start_len"), count, "logprob_start_len")]
+    if any(s.score_only and s.n > 1 for s in sampling):
+        raise ProtocolError("sampling_params.max_new_tokens=0 scores the prompt once; n must be 1")
     rids = body.get("rid")
     if isinstance(rids, list):
         rids = _per_item(rids, count, "rid")
@@ -256,6 +269,7 @@ def parse_generate(body: Any, *, vocab_size: int = MAX_TOKEN_ID + 1, has_tokeniz
     return GenerateCall(
         prompts=tuple(prompts), sampling=tuple(sampling), rids=tuple(rids),
         return_logprob=tuple(want_lp), top_logprobs_num=tuple(top),
+        logprob_start_len=tuple(starts),
         batched=batched or total > count,
         return_text_in_logprobs=optional(body, "return_text_in_logprobs", boolean, False),
         stream=optional(body, "stream", boolean, False))
@@ -273,10 +287,12 @@ def finish_reason_json(result: GenerateResult, matched: str | None = None) -> di
 
 def result_to_json(result: GenerateResult, *, return_logprob: bool, rid: str,
                    text: str | None = None, matched: str | None = None, decode=None,
-                   text_in_logprobs: bool = False, e2e_latency: float | None = None
+                   text_in_logprobs: bool = False, e2e_latency: float | None = None,
+                   prompt_ids: Sequence[int] = (), prompt_logprobs: Any = None
                    ) -> dict[str, Any]:
     """GenerateResult -> SGLang response item `{text?, output_ids, meta_info}`. `text` is the
-    decoded (stop-trimmed) output when the server has a tokenizer."""
+    decoded (stop-trimmed) output when the server has a tokenizer; `prompt_logprobs` a
+    `PromptLogprobs` of `prompt_ids` when `logprob_start_len` asked for them."""
     def lp_text(tok: int) -> str | None:
         return decode([tok]) if (decode and text_in_logprobs) else None
 
@@ -296,6 +312,13 @@ def result_to_json(result: GenerateResult, *, return_logprob: bool, rid: str,
         if result.top_logprobs:
             meta["output_top_logprobs"] = [[[lp, tok, lp_text(tok)] for tok, lp in top]
                                            for top in result.top_logprobs]
+        pl = prompt_logprobs
+        meta["input_token_logprobs"] = [] if pl is None else [
+            [lp, tok, lp_text(tok)] for lp, tok in zip(pl.logprobs, prompt_ids[pl.start:])]
+        if pl is not None and pl.top:
+            meta["input_top_logprobs"] = [
+                None if top is None else [[lp, tok, lp_text(tok)] for tok, lp in top]
+                for top in pl.top]
     out: dict[str, Any] = {"output_ids": list(result.output_ids), "meta_info": meta}
     if text is not None:
         out["text"] = text

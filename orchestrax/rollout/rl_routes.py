@@ -1,12 +1,15 @@
 """The SGLang routes RL frameworks (verl, slime) call besides /generate and the weight update
 from disk: `/health_generate`, `/tokenize`, `/detokenize`, `/weight_version` (alias
-`/get_weight_version`), and a 501 for the tensor / NCCL weight-update routes, whose weights
-cannot come from JAX: the answer names the disk route that does the same."""
+`/get_weight_version`), `/pause_generation` and `/continue_generation`,
+`/release_memory_occupation` and `/resume_memory_occupation` (tags `kv_cache`, `weights`,
+`cuda_graph`; none means all), and a 501 for the tensor / NCCL weight-update routes, whose
+weights cannot come from JAX: the answer names the disk route that does the same."""
 
 from __future__ import annotations
 
 import logging
 
+import jax
 from aiohttp import web
 
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
@@ -15,6 +18,8 @@ from orchestrax.rollout.serving import run_request
 from orchestrax.rollout.validate import ProtocolError
 
 log = logging.getLogger(__name__)
+PAUSE_MODES = ("abort", "retract", "in_place")
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")   # SGLang's GPU_MEMORY_ALL_TYPES
 NOT_FROM_JAX = ("/update_weights_from_tensor", "/init_weights_update_group",
                 "/update_weights_from_distributed", "/destroy_weights_update_group")
 
@@ -92,11 +97,89 @@ async def not_from_jax(request: web.Request) -> web.Response:
         status=501)
 
 
+async def pause_generation(request: web.Request) -> web.Response:
+    """{"mode": "abort" | "retract" | "in_place"}: abort ends every request now (with what it
+    generated so far); retract and in_place hold them where they are (the KV cache is kept, so
+    both resume without recomputing). New requests wait until /continue_generation."""
+    st = request.app[STATE]
+    try:
+        body = await _body(request) if request.can_read_body else {}
+        mode = body.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            raise ProtocolError(f"pause_generation mode={mode!r}; allowed: {', '.join(PAUSE_MODES)}")
+    except ProtocolError as e:
+        return error(str(e))
+    st.sampler.pause()
+    if mode == "abort":
+        st.sampler.abort()
+    return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    request.app[STATE].sampler.resume()
+    return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+async def _tags(request: web.Request) -> tuple[str, ...]:
+    body = await _body(request) if request.can_read_body else {}
+    tags = body.get("tags")
+    if tags is None:
+        return MEMORY_TAGS
+    if not isinstance(tags, list) or not all(t in MEMORY_TAGS for t in tags):
+        raise ProtocolError(f"tags={tags!r}; a list of {', '.join(MEMORY_TAGS)} (none: all)")
+    return tuple(tags)
+
+
+async def release_memory_occupation(request: web.Request) -> web.Response:
+    """Free the slot cache (`kv_cache`) and/or move the weights to host memory (`weights`);
+    only while no request is in flight. /generate is refused until the matching resume."""
+    st = request.app[STATE]
+    try:
+        tags = await _tags(request)
+        if st.sampler.outstanding:
+            raise ProtocolError(f"{st.sampler.outstanding} requests in flight; POST "
+                                "/pause_generation {\"mode\": \"abort\"} (or wait) first")
+    except ProtocolError as e:
+        return error(str(e))
+    async with st.weight_lock:
+        if "weights" in tags and "weights" not in st.released:
+            params = st.sampler.params
+            st.host_params = (jax.device_get(params), jax.tree.map(lambda x: x.sharding, params))
+            st.sampler.drop_params()   # frees the continuous engine's slot cache with them
+        if "kv_cache" in tags:
+            st.sampler.release_cache()
+        st.released = st.released | set(tags)
+    return web.json_response(None)
+
+
+async def resume_memory_occupation(request: web.Request) -> web.Response:
+    """Bring back what release gave up: the same weights (and version) onto the same devices;
+    the slot cache is allocated again by the next engine step."""
+    st = request.app[STATE]
+    try:
+        tags = await _tags(request)
+    except ProtocolError as e:
+        return error(str(e))
+    async with st.weight_lock:
+        if "weights" in tags and st.host_params is not None:
+            host, shardings = st.host_params
+            st.sampler.set_params(jax.device_put(host, shardings),
+                                  weight_version=st.sampler.weight_version)
+            st.host_params = None
+        st.released = st.released - set(tags)
+    return web.json_response(None)
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/health_generate", health_generate)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     for path in ("/weight_version", "/get_weight_version"):
         app.router.add_get(path, weight_version)
+    app.router.add_post("/pause_generation", pause_generation)
+    app.router.add_post("/continue_generation", continue_generation)
+    for method in ("GET", "POST"):
+        app.router.add_route(method, "/release_memory_occupation", release_memory_occupation)
+        app.router.add_route(method, "/resume_memory_occupation", resume_memory_occupation)
     for path in NOT_FROM_JAX:
         app.router.add_post(path, not_from_jax)

@@ -31,9 +31,10 @@ import jax
 from aiohttp import web
 
 from orchestrax import models
-from orchestrax.rollout.base import GenerateRequest
+from orchestrax.rollout.base import GenerateRequest, GenerateResult
 from orchestrax.rollout import rl_routes
 from orchestrax.rollout.chat_route import chat_completions, list_models
+from orchestrax.rollout.openai_completions import completions
 from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
                                         sse)
@@ -68,20 +69,46 @@ async def generate(request: web.Request) -> web.StreamResponse:
                                 "server with one or use stop_token_ids")
         items = [dataclasses.replace(it, request=_with_rid(it.request)) for it in items]
         st.admit([it.request for it in items])
+        scoring = [it for it in items if it.logprob_start_len >= 0 or it.score_only]
+        for it in scoring:
+            if it.logprob_start_len >= len(it.request.input_ids):
+                raise ProtocolError(f"logprob_start_len={it.logprob_start_len}; must be -1 or "
+                                    f"in [0, {len(it.request.input_ids)}) (the prompt's tokens)")
+        if scoring and call.stream:
+            raise ProtocolError("logprob_start_len and max_new_tokens=0 need stream=false")
+        if st.released:
+            raise ProtocolError(f"memory released ({', '.join(sorted(st.released))}); POST "
+                                "/resume_memory_occupation first")
     except ProtocolError as e:
         return error(str(e))
+    await st.sampler.unpaused.wait()   # /pause_generation holds prompt scoring too
     decode = st.decode if st.tokenizer is not None else None
     client = client_of(request)
+    want_prompt = [it for it in items if it.logprob_start_len >= 0]
+    scored = dict(zip(map(id, want_prompt), await st.scorer.ascore(
+        [it.request.input_ids for it in want_prompt],
+        [it.logprob_start_len for it in want_prompt],
+        [it.request.top_logprobs for it in want_prompt]))) if want_prompt else {}
 
     def item_json(it, u: Update) -> dict[str, Any]:
         return result_to_json(u.result, return_logprob=it.return_logprob, rid=it.request.rid,
                               text=u.final_text, matched=u.matched, decode=decode,
                               text_in_logprobs=call.return_text_in_logprobs,
-                              e2e_latency=time.perf_counter() - t0)
+                              e2e_latency=time.perf_counter() - t0,
+                              prompt_ids=it.request.input_ids,
+                              prompt_logprobs=scored.get(id(it)))
+
+    async def run(it) -> Update:
+        if not it.score_only:
+            return await run_request(st, it.request, it.stop, it.no_stop_trim, client)
+        res = GenerateResult(output_ids=(), logprobs=(), finish_reason="length",
+                             prompt_tokens=len(it.request.input_ids),
+                             weight_version=st.sampler.weight_version, rid=it.request.rid)
+        return Update("", (), (), (), done=True, result=res,
+                      final_text="" if decode is not None else None)
 
     if not call.stream:
-        done = await asyncio.gather(*(run_request(st, it.request, it.stop, it.no_stop_trim,
-                                                  client) for it in items))
+        done = await asyncio.gather(*(run(it) for it in items))
         out = [item_json(it, u) for it, u in zip(items, done)]
         return await json_response(out if call.batched else out[0])
 
@@ -237,6 +264,7 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_route("POST", "/flush_cache", flush_cache)
     app.router.add_post("/abort_request", abort_request)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
     rl_routes.add_routes(app)
 

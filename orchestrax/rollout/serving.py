@@ -17,6 +17,7 @@ from orchestrax import models
 from orchestrax.rollout.base import GenerateRequest, GenerateResult, TopLogprobs
 from orchestrax.rollout.detok import StopMatcher
 from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.prompt_logprobs import PromptScorer
 from orchestrax.rollout.validate import ProtocolError, ServeLimits
 
 
@@ -35,6 +36,16 @@ class ServerState:
     weight_roots: tuple[str, ...] = ()     # update_weights_from_disk loads only below these
     weight_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     weight_updates: int = 0                # successful update_weights_from_disk calls
+    released: frozenset[str] = frozenset()   # memory tags given back by release_memory_occupation
+    host_params: Any = None                # (host copy, shardings) of released weights
+    _scorer: PromptScorer | None = None
+
+    @property
+    def scorer(self) -> PromptScorer:
+        """Prompt logprobs with the sampler's current params."""
+        if self._scorer is None:
+            self._scorer = PromptScorer(self.sampler.cfg, lambda: self.sampler.params)
+        return self._scorer
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
