@@ -19,7 +19,7 @@ from orchestrax.rollout.base import MAX_TOP_LOGPROBS, GenerateRequest
 from orchestrax.rollout.chat_route import _end_of_turn_ids
 from orchestrax.rollout.http_io import STATE, client_of, error, json_response, read_json
 from orchestrax.rollout.protocol import sampling_params, stop_strings
-from orchestrax.rollout.runner import run_request
+from orchestrax.rollout.serving import run_request
 from orchestrax.rollout.validate import ProtocolError, boolean, integer, optional, token_ids
 
 DEFAULT_MAX_TOKENS = 16   # OpenAI's
