@@ -81,7 +81,7 @@ def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
                          num_microbatches=micro)
     # Qwen3-8B as config_one_h200 trains it (bf16 moments; fp32 Adam with its 30.5 GiB moments
     # compiles past the card's 133 GiB, bench/gpu_compile.py); Qwen3-4B with fp32 Adam.
-    lean = "bfloat16" if model == "qwen3-8b" and not smoke else None
+    lean = "bfloat16" if model == "qwen3-8b" else None     # the smoke runs the same path
     train = rl.make_train_step(cfg, gcfg, rl.OptimizerConfig(lr=1e-6, mu_dtype=lean,
                                                              nu_dtype=lean))
     state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
@@ -106,7 +106,7 @@ def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
     t = sorted(times)[len(times) // 2]
     n = models.num_params(cfg)
     chip = _chip()
-    return {"what": f"train_step T={seq}", "model": "tiny" if smoke else model,
+    return {"what": f"train_step T={seq}", "model": f"tiny (as {model})" if smoke else model,
             "B": b, "T": seq, "micro": micro, "s_per_step": t, "tok_s": tokens / t,
             "mfu": rl.mfu(cfg, tokens, seq, t, rl.peak_flops(chip)) if chip else None,
             "compile_s": compile_s, "loss": float(metrics["loss_first"]),
@@ -200,7 +200,9 @@ def plan(smoke: bool) -> list[tuple[str, int, int]]:
     and in-place accumulation stays under 110 GiB; a section's first call compiles (~20-40 s
     for 8B on a 16-core host, then from the compilation cache)."""
     if smoke:
-        return [("train", 32, 240), ("sampler", 4, 240), ("sampler", 8, 240), ("pool", 2, 120)]
+        # Every section the GPU run has (tiny presets), so a typo cannot first show on a GPU.
+        return [("train", 32, 240), ("train4b", 32, 240), ("sampler", 4, 240),
+                ("sampler", 8, 240), ("pool", 2, 120)]
     return [("train", 4096, 120), ("train4b", 4096, 90), ("sampler", 64, 100),
             ("sampler", 256, 120), ("pool", 16, 30)]
 
