@@ -78,8 +78,11 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
 
 def _synth_parser(sub: argparse._SubParsersAction) -> None:
     from orchestrax.synth.main import add_arguments
-    add_arguments(sub.add_parser("synth", help="ToolScale pipeline: verified tasks (and domains) "
-                                               "from an OpenAI-compatible generator"))
+    p = sub.add_parser("synth", argument_default=argparse.SUPPRESS,
+                       help="ToolScale pipeline: verified tasks (and domains) from an "
+                            "OpenAI-compatible generator")
+    add_config_arguments(p)
+    add_arguments(p)
 
 
 def _rehearse_parser(sub: argparse._SubParsersAction) -> None:
@@ -124,9 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def command_config(args: argparse.Namespace) -> Any:
-    """The config a parsed `serve` or `eval` command line says: --config's function (else the
-    command's defaults), then --set and the shorthand flags given."""
+    """The config a parsed `serve`, `eval` or `synth` command line says: --config's function
+    (else the command's defaults), then --set and the shorthand flags given."""
     from orchestrax.train import overrides, serve
+    if args.command == "synth":
+        from orchestrax.synth import main as synth_main
+        return overrides.from_args(args, synth_main.SynthCommand, synth_main.config)
     if args.command == "eval":
         from orchestrax.eval import main as eval_main
         return overrides.from_args(args, eval_main.EvalCommand, eval_main.config)
@@ -151,7 +157,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_rehearsal(args)
     if args.command == "synth":
         from orchestrax.synth.main import run as run_synth
-        return run_synth(args)
+        return run_synth(command_config(args))
     from orchestrax.eval.main import run as run_eval
     return run_eval(command_config(args))
 

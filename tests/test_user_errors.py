@@ -120,3 +120,29 @@ def test_eval_flags_are_shorthands_of_its_config_fields(capsys):
     line = one_line_error(capsys, ["eval", "--policy", "x", "--tasks", "routing", "--set",
                                    "max_error_rate=2"])
     assert "EvalCommand.max_error_rate=2; must be in [0, 1]" in line
+
+
+def test_synth_flags_are_shorthands_of_its_config_fields(capsys):
+    from orchestrax.cli import build_parser, command_config
+    from orchestrax.synth.main import SynthCommand
+
+    def cfg(*argv):
+        return command_config(build_parser().parse_args(["synth", *argv]))
+    flags = cfg("--out", "runs/s", "--domain", "a", "--domain", "b", "--describe", "zoo=A zoo.",
+                "--base-url", "http://h:1/v1", "--model", "m", "--no-evolve", "--no-progress",
+                "--budget-usd", "5")
+    sets = cfg("--set", "out=runs/s", "--set", "domains=('a', 'b')",
+               "--set", "describe=(('zoo', 'A zoo.'),)", "--set", "base_url=http://h:1/v1",
+               "--set", "model=m", "--set", "evolve=False", "--set", "progress=False",
+               "--set", "budget_usd=5.0")
+    assert flags == sets == SynthCommand(out="runs/s", domains=("a", "b"),
+                                         describe=(("zoo", "A zoo."),), base_url="http://h:1/v1",
+                                         model="m", evolve=False, progress=False, budget_usd=5.0)
+    pipeline, generator = flags.parts()
+    assert pipeline.domains == ("a", "b") and not pipeline.evolve
+    assert generator.budget_usd == 5.0 and generator.endpoint.model == "m"
+    line = one_line_error(capsys, ["synth", "--domain", "a", "--base-url", "http://h:1/v1",
+                                   "--model", "m"])
+    assert "SynthCommand.out=''; must be given (--out DIR)" in line
+    line = one_line_error(capsys, ["synth", "--out", "x", "--set", "concurrency=many"])
+    assert "concurrency='many'; expected an int" in line

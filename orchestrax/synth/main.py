@@ -14,13 +14,62 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import pathlib
 import sys
 
+from orchestrax.checks import check_fields, require
 from orchestrax.synth.generator import BudgetExhausted, Generator, GeneratorConfig
 from orchestrax.synth.pipeline import SynthConfig, run as run_pipeline, summary
 from orchestrax.tools.chat_client import ChatEndpoint
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SynthCommand:
+    """Everything `orchestrax synth` is told: a `--config` function returns one, `--set` and the
+    flags (shorthands of these fields) change it."""
+
+    out: str = ""                           # output directory (rerun to resume)
+    domains: tuple[str, ...] = ()           # tau2-format domain folders to write tasks for
+    describe: tuple[tuple[str, str], ...] = ()  # (name, paragraph) of domains to generate first
+    base_url: str = ""                      # OpenAI-compatible endpoint of the generator
+    model: str = ""
+    api_key_env: str | None = None          # environment variable holding the endpoint's key
+    tasks_per_domain: int = 8
+    evolve: bool = True
+    concurrency: int = 8                    # generator requests at once
+    usd_per_m_input: float = 0.0            # $ per 1M prompt tokens
+    usd_per_m_output: float = 0.0           # $ per 1M output tokens
+    budget_usd: float | None = None         # stop once this much is spent
+    max_tokens: int = 2048
+    temperature: float = 0.7
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def parts(self) -> tuple[SynthConfig, GeneratorConfig]:
+        """The pipeline's and the generator's configs (each checks its own fields)."""
+        for name, flag in (("out", "--out DIR"), ("base_url", "--base-url URL"),
+                           ("model", "--model NAME")):
+            require(bool(getattr(self, name)), self, name, getattr(self, name), f"given ({flag})")
+        endpoint = ChatEndpoint(base_url=self.base_url, model=self.model,
+                                api_key_env=self.api_key_env, max_tokens=self.max_tokens,
+                                temperature=self.temperature, seed=self.seed)
+        generator = GeneratorConfig(endpoint=endpoint, concurrency=self.concurrency,
+                                    usd_per_m_input=self.usd_per_m_input,
+                                    usd_per_m_output=self.usd_per_m_output,
+                                    budget_usd=self.budget_usd)
+        return SynthConfig(out_dir=self.out, domains=self.domains, describe=self.describe,
+                           tasks_per_domain=self.tasks_per_domain, evolve=self.evolve,
+                           seed=self.seed), generator
+
+
+def config() -> SynthCommand:
+    """What `orchestrax synth` starts from without --config (its flags then say the rest)."""
+    return SynthCommand()
 
 
 def _describe(text: str) -> tuple[str, str]:
@@ -31,41 +80,36 @@ def _describe(text: str) -> tuple[str, str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory (rerun to resume)")
-    p.add_argument("--domain", action="append", default=[], metavar="FOLDER",
+    """Shorthands of `SynthCommand` fields (dest = the field); `p` has argument_default
+    SUPPRESS, so a flag not given is absent."""
+    p.add_argument("--out", help="output directory (rerun to resume)")
+    p.add_argument("--domain", dest="domains", action="append", metavar="FOLDER",
                    help="a tau2-format domain folder to write tasks for (repeatable)")
-    p.add_argument("--describe", action="append", default=[], type=_describe,
-                   metavar="NAME=TEXT", help="generate a domain from a description first")
-    p.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint of the generator")
-    p.add_argument("--model", required=True)
+    p.add_argument("--describe", action="append", type=_describe, metavar="NAME=TEXT",
+                   help="generate a domain from a description first (repeatable)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint of the generator")
+    p.add_argument("--model")
     p.add_argument("--api-key-env", help="environment variable holding the endpoint's key")
-    p.add_argument("--tasks-per-domain", type=int, default=8)
-    p.add_argument("--no-evolve", action="store_true", help="skip the evolve stage")
-    p.add_argument("--concurrency", type=int, default=8, help="generator requests at once")
-    p.add_argument("--usd-per-m-input", type=float, default=0.0, help="$ per 1M prompt tokens")
-    p.add_argument("--usd-per-m-output", type=float, default=0.0, help="$ per 1M output tokens")
+    p.add_argument("--tasks-per-domain", type=int, help="8")
+    p.add_argument("--no-evolve", dest="evolve", action="store_false",
+                   help="skip the evolve stage")
+    p.add_argument("--concurrency", type=int, help="generator requests at once (8)")
+    p.add_argument("--usd-per-m-input", type=float, help="$ per 1M prompt tokens (0)")
+    p.add_argument("--usd-per-m-output", type=float, help="$ per 1M output tokens (0)")
     p.add_argument("--budget-usd", type=float, help="stop once this much is spent")
-    p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-tokens", type=int, help="2048")
+    p.add_argument("--temperature", type=float, help="0.7")
+    p.add_argument("--seed", type=int, help="0")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def run(args: argparse.Namespace) -> int:
-    endpoint = ChatEndpoint(base_url=args.base_url, model=args.model,
-                            api_key_env=args.api_key_env, max_tokens=args.max_tokens,
-                            temperature=args.temperature, seed=args.seed)
-    gen_cfg = GeneratorConfig(endpoint=endpoint, concurrency=args.concurrency,
-                              usd_per_m_input=args.usd_per_m_input,
-                              usd_per_m_output=args.usd_per_m_output, budget_usd=args.budget_usd)
-    cfg = SynthConfig(out_dir=args.out, domains=tuple(args.domain), describe=tuple(args.describe),
-                      tasks_per_domain=args.tasks_per_domain, evolve=not args.no_evolve,
-                      seed=args.seed)
+def run(cmd: SynthCommand) -> int:
+    cfg, gen_cfg = cmd.parts()
 
     async def go() -> dict:
-        pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
-        async with Generator(gen_cfg, pathlib.Path(args.out) / "calls.jsonl",
-                             progress=not args.no_progress) as gen:
+        pathlib.Path(cmd.out).mkdir(parents=True, exist_ok=True)
+        async with Generator(gen_cfg, pathlib.Path(cmd.out) / "calls.jsonl",
+                             progress=cmd.progress) as gen:
             return await run_pipeline(cfg, gen)
 
     try:
