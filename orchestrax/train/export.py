@@ -1,6 +1,7 @@
 """Export a training run's checkpoint as a Hugging Face directory that transformers loads.
 
     python tools/export_hf.py RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite]
+    python -m orchestrax.train.export RUN_DIR OUT_DIR ...      (the same)
 
 RUN_DIR is a TrainConfig.out_dir: the trainer keeps `model/` (config.json + tokenizer files) and
 `checkpoints/` (Orbax) there. Only the parameters are read; the optimizer state is skipped.

@@ -340,8 +340,9 @@ def run(args: argparse.Namespace) -> int:
                                    for u in servers["rollout"]}
         export = out / "export"
         with _phase(seconds, "export"):
-            child = fleet.start("export", [sys.executable, str(_export_script()), str(out),
-                                           str(export), "--overwrite"], env=_python_env())
+            child = fleet.start("export", [sys.executable, "-m", "orchestrax.train.export",
+                                           str(out), str(export), "--overwrite"],
+                                env=_python_env())
             if child.proc.wait() != 0:
                 raise RuntimeError(f"export exited with {child.proc.returncode}:\n{child.tail()}")
             fleet.children.remove(child)
@@ -359,11 +360,6 @@ def run(args: argparse.Namespace) -> int:
           + f"): {summary['sft_steps']} SFT + {summary['rl_steps']} GRPO steps, "
           f"{sum(summary['tool_calls'].values()):.0f} tool calls; wrote {path}", flush=True)
     return 0
-
-
-def _export_script() -> pathlib.Path:
-    import orchestrax
-    return pathlib.Path(orchestrax.__file__).resolve().parents[1] / "tools" / "export_hf.py"
 
 
 @contextlib.contextmanager
