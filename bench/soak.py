@@ -37,7 +37,6 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P_500, P_TRUNCATED = 0.05, 0.02              # per /generate call, at the proxy
 P_TOOL_HANG, P_TOOL_ERROR = 0.03, 0.05       # per tool call, in the trainer and its workers
-FAULTS_ENV = "ORCHESTRAX_SOAK_TOOL_FAULTS"   # set in the trainer: its workers inject them too
 
 
 def _free_port() -> int:
@@ -219,52 +218,47 @@ def _config(out: pathlib.Path, urls, init_from, workers: int):
                                init_from=init_from)
 
 
-def _inject_tool_faults() -> None:
-    """Make the routing env's tools flaky and the episodes' executor timeout 1 s, in this
-    process (the trainer's loop.py, which a worker never imports, is patched by `child`)."""
-    import functools
+class _Flaky:
+    """A tool that hangs (the executor's 1 s timeout ends it) or fails now and then."""
 
+    def __init__(self, tool, rng: random.Random):
+        self.spec, self._tool, self._rng = tool.spec, tool, rng
+
+    async def __call__(self, arguments):
+        draw = self._rng.random()
+        if draw < P_TOOL_HANG:
+            await asyncio.sleep(3600)  # the executor's timeout ends it
+        if draw < P_TOOL_HANG + P_TOOL_ERROR:
+            raise ConnectionError("injected transient tool failure")
+        return await self._tool(arguments)
+
+
+def flaky_executor():
+    """The episodes' tool executor with faults injected into every call and a 1 s tool timeout;
+    the trainer takes it by constructor (`Trainer(make_executor=...)`) and hands it to its
+    episode workers, which unpickle it from this module."""
     from orchestrax.agent import executor as ex
-    from orchestrax.envs import routing
-    from orchestrax.train import rollouts
 
-    rng = random.Random(os.getpid())
+    class FlakyExecutor(ex.ToolExecutor):
+        def __init__(self):
+            super().__init__(ex.ExecutorConfig(default=ex.ToolLimits(
+                timeout_s=1.0, backoff_s=0.05, backoff_max_s=0.2)))
+            self._rng = random.Random(os.getpid())
 
-    class Flaky:
-        def __init__(self, tool):
-            self.spec, self._tool = tool.spec, tool
+        async def call(self, tool, arguments):
+            return await super().call(_Flaky(tool, self._rng), arguments)
 
-        async def __call__(self, arguments):
-            draw = rng.random()
-            if draw < P_TOOL_HANG:
-                await asyncio.sleep(3600)  # the executor's timeout ends it
-            if draw < P_TOOL_HANG + P_TOOL_ERROR:
-                raise ConnectionError("injected transient tool failure")
-            return await self._tool(arguments)
-
-    tools = routing.RoutingEnv.tools
-    routing.RoutingEnv.tools = lambda self, task: [Flaky(t) for t in tools(self, task)]
-    limits = ex.ToolLimits(timeout_s=1.0, backoff_s=0.05, backoff_max_s=0.2)
-    rollouts.ToolExecutor = functools.partial(ex.ToolExecutor, ex.ExecutorConfig(default=limits))
-    print(f"soak: tool faults on in pid {os.getpid()}", file=sys.stderr, flush=True)
-
-
-# Episode workers start with "spawn", which runs this file again as `__mp_main__` before
-# building the worker's player: the faults reach the workers' tools this way.
-if __name__ == "__mp_main__" and os.environ.get(FAULTS_ENV):
-    _inject_tool_faults()
+    return FlakyExecutor()
 
 
 def child(args) -> None:
-    """The trainer, with the routing tools made flaky and a 1 s tool timeout."""
-    from orchestrax.train import rollouts, loop, setup
+    """The trainer, with every tool call made flaky and a 1 s tool timeout."""
+    from orchestrax.train import loop, setup
 
-    os.environ[FAULTS_ENV] = "1"
-    _inject_tool_faults()
-    loop.ToolExecutor = rollouts.ToolExecutor  # the executor of episodes on the trainer's loop
     setup.configure_logging()
     out = pathlib.Path(args.out)
-    loop.train(_config(out, args.urls.split(","), args.init_from, args.workers))
+    loop.Trainer(_config(out, args.urls.split(","), args.init_from, args.workers),
+                 make_executor=flaky_executor).run()
 
 
 def main() -> None:

@@ -65,11 +65,11 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
     assert len(lines) == len(history)
     # the policy's sampler follows the updates; the sub-agents' sampler stays frozen
     assert trainer.sampler.weight_version == "1"
-    assert trainer.flow.subagent_sampler is not trainer.sampler
-    assert trainer.flow.subagent_sampler.weight_version == "0"
+    assert trainer.rollouts.subagent_sampler is not trainer.sampler
+    assert trainer.rollouts.subagent_sampler.weight_version == "0"
     # reward features: dispatches per sub-agent, in the fixed role order
-    assert trainer.flow.agent_names == ["web_searcher", "coder", "file_inspector"]
-    assert [t.spec.name for t in trainer.flow.tools] == (["python", "local_search"] if sandbox
+    assert trainer.rollouts.agent_names == ["web_searcher", "coder", "file_inspector"]
+    assert [t.spec.name for t in trainer.rollouts.tools] == (["python", "local_search"] if sandbox
                                                          else ["local_search"])
 
 

@@ -27,6 +27,7 @@ from orchestrax.agent.subagent import (ROLES, SubagentRollout, build_subagents, 
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplerConfig
 from orchestrax.train import batching
+from orchestrax.train.rollouts import grouped
 from orchestrax.train.agent_config import AgentConfig
 
 if TYPE_CHECKING:
@@ -162,7 +163,8 @@ def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]
 
 # --- rollouts in the trainer -------------------------------------------------------------------
 class FlowRunner:
-    """Sub-agent-mode rollouts and Flow-GRPO batches for `train.loop.Trainer`."""
+    """Sub-agent-mode rollouts and Flow-GRPO batches for `train.loop.Trainer`: its
+    `train.rollouts.RolloutDriver`."""
 
     def __init__(self, cfg: "TrainConfig", env, codec, sampler, subagent_sampler, executor):
         a, r = cfg.agent, cfg.rollout
@@ -189,16 +191,22 @@ class FlowRunner:
         rollout = await run_query(task, agents, self.sampler, self.codec, config)
         return rollout, await self.env.verify(task, rollout.trajectory)
 
-    async def rollout(self, tasks: Sequence[Task], group: int, sampling
-                      ) -> tuple[list[list[SubagentRollout]], np.ndarray]:
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def rollout(self, tasks: Sequence[Task], group: int, episode,
+                      seeds: np.ndarray) -> tuple[list[list[SubagentRollout]], np.ndarray]:
+        """G rollouts per task with the orchestrator sampling as `episode.sampling` says; its
+        turns draw from the sampler's own stream (`seeds` are for Direct-mode episodes)."""
         async def one(task):
-            return await self.play(task, sampling)
+            return await self.play(task, episode.sampling)
 
         played = await fan_out(one, [t for t in tasks for _ in range(group)],
                                max_in_flight=self.cfg.rollout.max_in_flight)
-        rollouts = [p[0] for p in played]
-        outcome = np.asarray([p[1] for p in played], np.float32).reshape(len(tasks), group)
-        return [rollouts[i * group:(i + 1) * group] for i in range(len(tasks))], outcome
+        return grouped(played, len(tasks), group)
 
     def make_batch(self, tasks, groups, outcome, pad_id: int
                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -217,6 +225,9 @@ class FlowRunner:
 
     def clock_s(self, rollout: SubagentRollout) -> float:
         return rollout.clock_s(*self.speeds())
+
+    def take_counters(self) -> dict[str, int]:
+        return self.sampler.take_counters()
 
 
 def shared_tools(agent: AgentConfig) -> list:

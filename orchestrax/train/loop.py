@@ -14,7 +14,7 @@ import functools
 import logging
 import pathlib
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import grain
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -24,9 +24,7 @@ import numpy as np
 
 from orchestrax import models, parallel, registry, rl
 from orchestrax.agent.episode import Codec, EpisodeConfig
-from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.executor import ToolExecutor
-from orchestrax.agent.pool import EpisodePool
 from orchestrax.data.instances import prepare_instance
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment
@@ -44,7 +42,11 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig):
+    """`make_executor` builds the tool executor the episodes share (here and in the episode
+    workers: a picklable callable there); the default is `ToolExecutor()`."""
+
+    def __init__(self, cfg: TrainConfig, *,
+                 make_executor: Callable[[], ToolExecutor] = ToolExecutor):
         self.cfg = cfg
         # Checkpoints under `out` (gs:// stays gs://); what needs a local file system under
         # `local` (out_dir itself unless out_dir is a URI).
@@ -112,20 +114,29 @@ class Trainer:
         self._clock = console.Clock()
         self.sampler = registry.build_sampler(setup.sampler_config(cfg, self.out), self.model_cfg,
                                               self.state.params)
-        self.executor = ToolExecutor()
-        # Sub-agent mode: orchestrator rollouts, Flow-GRPO batches, frozen sub-agents
-        self.flow = (FlowRunner(cfg, self.env, self.codec, self.sampler,
-                                make_subagent_sampler(cfg, self.model_cfg, self.state.params),
-                                self.executor) if cfg.agent.mode == "subagent" else None)
-        self.pool: EpisodePool | None = None  # rollout.workers > 0: started by _rl
-        self._server = None
-        self._worker_counters: dict[str, int] = {}  # workers' client counters not yet logged
+        self.rollouts = self._rollout_driver(make_executor)
         self.episode_cfg = EpisodeConfig(
             max_turns=cfg.rollout.max_turns, context_tokens=cfg.rollout.context_tokens,
             max_new_tokens=cfg.rollout.max_new_tokens,
             enable_thinking=cfg.rollout.enable_thinking,
             sampling=SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                     top_k=cfg.rollout.top_k))
+
+    def _rollout_driver(self, make_executor) -> rollouts.RolloutDriver:
+        """Picked once: sub-agent mode (orchestrator rollouts, Flow-GRPO batches, frozen
+        sub-agents), Direct mode in episode worker processes, or on this event loop."""
+        cfg, r = self.cfg, self.cfg.rollout
+        if cfg.agent.mode == "subagent":
+            return FlowRunner(cfg, self.env, self.codec, self.sampler,
+                              make_subagent_sampler(cfg, self.model_cfg, self.state.params),
+                              make_executor())
+        if r.workers:
+            return rollouts.PooledRollouts(
+                cfg, self.env, self.sampler, self.codec,
+                urls=setup.server_share(r.server_urls) if r.backend == "sglang" else (),
+                tokenizer=self.tokenizer, model_dir=self.local / "model",
+                make_executor=make_executor)
+        return rollouts.DirectRollouts(cfg, self.env, self.sampler, self.codec, make_executor)
 
     # --- checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> tuple[int, int]:
@@ -245,11 +256,11 @@ class Trainer:
         return history
 
     async def _rl(self) -> list[dict[str, Any]]:
-        await self._start_workers()
+        await self.rollouts.start()
         try:
             return await self._rl_steps()
         finally:
-            await self._stop_workers()
+            await self.rollouts.close()
 
     async def _rl_steps(self) -> list[dict[str, Any]]:
         cfg = self.cfg
@@ -271,7 +282,8 @@ class Trainer:
             # Published before the rollout: every turn should report this version.
             stale = rollouts.drop_stale((tr for gr in groups for tr in gr),
                                         str(self._global_step()))
-            batch, stats = self._make_batch(tasks, groups, outcome)
+            batch, stats = self.rollouts.make_batch(tasks, groups, outcome,
+                                                    setup.pad_id(self.codec))
             stats |= stale | self._sampler_counters()
             # Multi-process: the global batch from every process's own rows.
             batch = batching.from_process_rows(batch, rl.batch_shardings(batch, self.mesh))
@@ -340,97 +352,13 @@ class Trainer:
         if temperature is not None:
             cfg = dataclasses.replace(cfg, sampling=SamplingParams(
                 temperature=temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
-        if self.flow is not None:  # sub-agent mode
-            return await self.flow.rollout(tasks, group, cfg.sampling)
         # Each episode's sampling seed (its turns use seed + turn) comes from (run seed, step,
         # eval or train, episode), so a resumed run samples exactly what the crashed one would
         # have, whatever order requests reach the sampler in.
         salt = 0 if temperature is None else 1
         seeds = np.random.default_rng([self.cfg.seed, 4, self._global_step(), salt]).integers(
             0, 2**31 - 2**16, len(tasks) * group)
-        jobs = [rollouts.EpisodeJob(task=t, episode=dataclasses.replace(
-                    cfg, sampling=dataclasses.replace(cfg.sampling, sampling_seed=int(seed))))
-                for t, seed in zip((t for t in tasks for _ in range(group)), seeds)]
-        if self.pool is not None:
-            played = await self.pool.play(jobs)
-            # Each episode brings its worker's client counters back; the next row logs them.
-            self._worker_counters = rollouts.sum_counters(
-                [self._worker_counters, *(counters for _, _, counters in played)])
-            played = [(traj, outcome) for traj, outcome, _ in played]
-        else:
-            async def one(job):
-                return await rollouts.play(self.env, self.sampler, self.codec, self.executor,
-                                           job)
-
-            played = await fan_out(one, jobs, max_in_flight=self.cfg.rollout.max_in_flight)
-        trajs = [traj for traj, _ in played]
-        outcomes = np.asarray([outcome for _, outcome in played], np.float32)
-        groups = [trajs[i * group:(i + 1) * group] for i in range(len(tasks))]
-        return groups, outcomes.reshape(len(tasks), group)
-
-    async def _start_workers(self) -> None:
-        """rollout.workers > 0: the episode pool, and for the embedded sampler a loopback
-        server the workers' SGLang clients call (same sampler object, so weight updates apply)."""
-        r = self.cfg.rollout
-        if not r.workers:
-            return
-        urls = setup.server_share(r.server_urls) if r.backend == "sglang" else ()
-        if r.backend == "embedded":
-            from orchestrax.rollout import server
-            self._server = await server.start(server.ServerState(
-                sampler=self.sampler, model_path=str(self.local / "model"),
-                tokenizer=self.tokenizer))
-            urls = (f"http://127.0.0.1:{server.bound_port(self._server)}",)
-        build = functools.partial(rollouts.EpisodePlayer, self.cfg, urls)
-        self.pool = await asyncio.to_thread(
-            EpisodePool, build, workers=r.workers,
-            max_in_flight=max(1, r.max_in_flight // r.workers))
-        log.info("%d episode workers started (sampler at %s)", r.workers, ", ".join(urls))
-
-    async def _stop_workers(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-        if self._server is not None:
-            await self._server.cleanup()  # also closes the sampler it serves
-            self._server = None
-
-    def _make_batch(self, tasks, groups, outcome) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """Reward, advantages and filters over [Q, G], then the packed [Q·G, T] batch."""
-        if self.flow is not None:  # sub-agent mode: one row per orchestrator turn (Flow-GRPO)
-            return self.flow.make_batch(tasks, groups, outcome, setup.pad_id(self.codec))
-        cfg = self.cfg
-        for task in tasks:
-            if task.preference is None:  # no silent outcome-only fallback
-                raise ValueError(f"task {task.task_id!r} has no preference vector; keep "
-                                 "TrainConfig.instances.preferences=True or give tasks their P")
-        # Tool-count columns are aligned by tool name across the instances' tool subsets.
-        names = [[tool.spec.name for tool in self.env.tools(t)] for t in tasks]
-        scores = rl.score_groups(groups, outcome, names, [t.preference for t in tasks], cfg.grpo,
-                                 seconds_per_token=cfg.rollout.seconds_per_token)
-        R, A, keep, fmt = (scores.reward_QG, scores.advantages_QG, scores.keep_QG,
-                           scores.format_errors_QG)
-        cost, latency = scores.features.cost_QG, scores.features.latency_QG
-        counters = scores.counters
-        flat = [tr for gr in groups for tr in gr]
-        batch = batching.pack(flat, pad_id=setup.pad_id(self.codec),
-                              max_len=cfg.rollout.context_tokens)
-        # mu = 1 and on-policy: the step recomputes old logprobs with the pre-update params, and
-        # the sampler's own logprobs feed the trainer-sampler gap metric.
-        batch["advantages"] = np.asarray(A, np.float32).reshape(-1)
-        batch["sample_mask"] = np.asarray(keep, np.float32).reshape(-1)
-        stats = {"reward_mean": float(np.mean(R)), "accuracy": float(outcome.mean()),
-                 "cost_mean": float(cost.mean()), "latency_mean": float(latency.mean()),
-                 # measured sampler time, queueing included: a metric, never reward
-                 "generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
-                 "format_error_rate": float((fmt > 0).mean()),
-                 "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
-                 "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
-                 # Every episode comes back, as a trajectory or as a failed one (never lost).
-                 "episodes": float(len(flat)),
-                 "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
-        stats |= _floats(counters) | self.env.stats(tasks, groups) | rollouts.tool_totals(flat)
-        return batch, stats
+        return await self.rollouts.rollout(tasks, group, cfg, seeds)
 
     async def _publish_weights(self) -> None:
         version = str(self._global_step())
@@ -443,11 +371,9 @@ class Trainer:
         groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
                                               temperature=self.cfg.eval_temperature)
         flat = [tr for gr in groups for tr in gr]
-        spt = self.cfg.rollout.seconds_per_token
-        clock = self.flow.clock_s if self.flow is not None else (lambda tr: tr.clock_s(spt))
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
-               "latency_mean": float(np.mean([clock(tr) for tr in flat]))}
+               "latency_mean": float(np.mean([self.rollouts.clock_s(tr) for tr in flat]))}
         return (row | self.env.stats(tasks, groups) | rollouts.tool_totals(flat)
                 | self._sampler_counters())
 
@@ -456,9 +382,7 @@ class Trainer:
         eval's rollouts): the trainer's own SGLang client (episodes on this event loop) plus the
         episode workers' clients (their counters come back with the episodes). Empty for the
         embedded sampler on this event loop, which has no client."""
-        total = rollouts.sum_counters([self.sampler.take_counters(), self._worker_counters])
-        self._worker_counters = {}
-        return {f"rollout/{k}": float(v) for k, v in total.items()}
+        return {f"rollout/{k}": float(v) for k, v in self.rollouts.take_counters().items()}
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
         # Multi-process: rollout stats are each process's own episodes; one row for the run.

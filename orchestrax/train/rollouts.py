@@ -1,18 +1,29 @@
-"""One training episode, start to verdict, and where episodes run.
+"""The trainer's rollout drivers: one training episode, start to verdict, and where episodes run.
 
 `play` is the whole life of one rollout: the environment's user (if it has one) opens the
-conversation, the episode runs, the environment scores it. The trainer runs it either on its own
-event loop (`rollout.workers == 0`) or inside the worker processes of an `EpisodePool`
-(`rollout.workers > 0`), where `EpisodePlayer` rebuilds the environment and tokenizer from the
-run's config and talks to the sampler over HTTP: the SGLang fleet, or the trainer's embedded
-sampler served on a loopback port (`orchestrax.rollout.server`).
+conversation, the episode runs, the environment scores it. `DirectRollouts` runs it on the
+trainer's own event loop (`rollout.workers == 0`); `PooledRollouts` inside the worker processes
+of an `EpisodePool` (`rollout.workers > 0`), where `EpisodePlayer` rebuilds the environment and
+tokenizer from the run's config and talks to the sampler over HTTP: the SGLang fleet, or the
+trainer's embedded sampler served on a loopback port (`orchestrax.rollout.server`). Sub-agent
+mode's driver is `train.flow.FlowRunner`. Every driver has the same face (`RolloutDriver`), so
+the trainer picks one when it starts and never asks which it has.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
-from typing import Any, Iterable
+import functools
+import logging
+import pathlib
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from orchestrax.agent.fanout import fan_out
+from orchestrax.agent.pool import EpisodePool
 
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
@@ -20,6 +31,9 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment, play_task
 from orchestrax.rollout.base import Sampler
+from orchestrax.train import batching
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +101,8 @@ class EpisodePlayer:
     the `tokenizers` library alone: a worker never imports transformers (nor torch through it),
     which took most of a worker's start-up."""
 
-    def __init__(self, cfg: Any, sampler_urls: tuple[str, ...]):
+    def __init__(self, cfg: Any, sampler_urls: tuple[str, ...],
+                 make_executor: Callable[[], ToolExecutor] = ToolExecutor):
         from orchestrax import registry
         from orchestrax.rollout.base import SamplerConfig
         from orchestrax.train import setup
@@ -95,6 +110,7 @@ class EpisodePlayer:
         self.env = setup.make_env(cfg)
         self.codec = registry.build_codec(cfg.tokenizer)
         self.sampler = registry.build_sampler(SamplerConfig(backend="sglang", urls=sampler_urls))
+        self.make_executor = make_executor
         self.executor: ToolExecutor | None = None
 
     async def play(self, job: EpisodeJob) -> tuple[Trajectory, float, dict[str, int]]:
@@ -105,9 +121,163 @@ class EpisodePlayer:
         and the sum over a batch is exact (all its requests are done when its last episode ends).
         """
         if self.executor is None:  # made inside the worker's event loop
-            self.executor = ToolExecutor()
+            self.executor = self.make_executor()
         trajectory, outcome = await play(self.env, self.sampler, self.codec, self.executor, job)
         return trajectory, outcome, self.sampler.take_counters()
 
     async def aclose(self) -> None:
         await self.sampler.aclose()
+
+
+class RolloutDriver(Protocol):
+    """What the trainer asks of a rollout driver: G rollouts per task, their batch, their clock
+    and the sampler's counters since the last ask."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def rollout(self, tasks: Sequence[Task], group: int, episode: EpisodeConfig,
+                      seeds: np.ndarray) -> tuple[list[list[Any]], np.ndarray]: ...
+
+    def make_batch(self, tasks: Sequence[Task], groups: Sequence[Sequence[Any]],
+                   outcome_QG: np.ndarray, pad_id: int
+                   ) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
+
+    def clock_s(self, rollout: Any) -> float: ...
+
+    def take_counters(self) -> dict[str, int]: ...
+
+
+def grouped(played: Sequence[tuple[Any, float]], num_tasks: int, group: int
+            ) -> tuple[list[list[Any]], np.ndarray]:
+    """(rollout, outcome) pairs, task-major, as Q groups of G and the outcomes [Q, G]."""
+    rollouts = [r for r, _ in played]
+    outcome = np.asarray([o for _, o in played], np.float32).reshape(num_tasks, group)
+    return [rollouts[i * group:(i + 1) * group] for i in range(num_tasks)], outcome
+
+
+def direct_batch(cfg: Any, env: Environment, tasks: Sequence[Task],
+                 groups: Sequence[Sequence[Trajectory]], outcome: np.ndarray, pad_id: int
+                 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Reward, advantages and filters over [Q, G] (`rl.score_groups`), then the packed
+    [Q·G, T] batch and the step's rollout statistics."""
+    from orchestrax import rl  # the trainer's process only: episode workers never load JAX
+    for task in tasks:
+        if task.preference is None:  # no silent outcome-only fallback
+            raise ValueError(f"task {task.task_id!r} has no preference vector; keep "
+                             "TrainConfig.instances.preferences=True or give tasks their P")
+    # Tool-count columns are aligned by tool name across the instances' tool subsets.
+    names = [[tool.spec.name for tool in env.tools(t)] for t in tasks]
+    scores = rl.score_groups(groups, outcome, names, [t.preference for t in tasks], cfg.grpo,
+                             seconds_per_token=cfg.rollout.seconds_per_token)
+    flat = [tr for gr in groups for tr in gr]
+    batch = batching.pack(flat, pad_id=pad_id, max_len=cfg.rollout.context_tokens)
+    # mu = 1 and on-policy: the step recomputes old logprobs with the pre-update params, and
+    # the sampler's own logprobs feed the trainer-sampler gap metric.
+    batch["advantages"] = np.asarray(scores.advantages_QG, np.float32).reshape(-1)
+    batch["sample_mask"] = np.asarray(scores.keep_QG, np.float32).reshape(-1)
+    f = scores.features
+    stats = {"reward_mean": float(np.mean(scores.reward_QG)), "accuracy": float(outcome.mean()),
+             "cost_mean": float(f.cost_QG.mean()), "latency_mean": float(f.latency_QG.mean()),
+             # measured sampler time, queueing included: a metric, never reward
+             "generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
+             "format_error_rate": float((scores.format_errors_QG > 0).mean()),
+             "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
+             "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
+             # Every episode comes back, as a trajectory or as a failed one (never lost).
+             "episodes": float(len(flat)),
+             "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
+    counters = {k: float(np.asarray(v)) for k, v in scores.counters.items()}
+    return batch, stats | counters | env.stats(tasks, groups) | tool_totals(flat)
+
+
+class DirectRollouts:
+    """Direct-mode episodes on the trainer's event loop, at most `rollout.max_in_flight` at
+    once. `make_executor` builds the tool executor every episode shares."""
+
+    def __init__(self, cfg: Any, env: Environment, sampler: Sampler, codec: Codec,
+                 make_executor: Callable[[], ToolExecutor] = ToolExecutor):
+        self.cfg, self.env, self.sampler, self.codec = cfg, env, sampler, codec
+        self.make_executor = make_executor
+        self.executor = make_executor()
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def _play(self, jobs: list[EpisodeJob]) -> list[tuple[Trajectory, float]]:
+        async def one(job):
+            return await play(self.env, self.sampler, self.codec, self.executor, job)
+
+        return await fan_out(one, jobs, max_in_flight=self.cfg.rollout.max_in_flight)
+
+    async def rollout(self, tasks: Sequence[Task], group: int, episode: EpisodeConfig,
+                      seeds: np.ndarray) -> tuple[list[list[Trajectory]], np.ndarray]:
+        """G episodes per task; episode k samples with seed `seeds[k]` (its turns seed + turn)."""
+        jobs = [EpisodeJob(task=t, episode=dataclasses.replace(
+                    episode, sampling=dataclasses.replace(episode.sampling,
+                                                          sampling_seed=int(seed))))
+                for t, seed in zip((t for t in tasks for _ in range(group)), seeds)]
+        return grouped(await self._play(jobs), len(tasks), group)
+
+    def make_batch(self, tasks, groups, outcome_QG, pad_id: int):
+        return direct_batch(self.cfg, self.env, tasks, groups, outcome_QG, pad_id)
+
+    def clock_s(self, trajectory: Trajectory) -> float:
+        return trajectory.clock_s(self.cfg.rollout.seconds_per_token)
+
+    def take_counters(self) -> dict[str, int]:
+        return self.sampler.take_counters()
+
+
+class PooledRollouts(DirectRollouts):
+    """Direct-mode episodes in `rollout.workers` `EpisodePool` processes. Their SGLang clients
+    call the fleet (this process's share of `server_urls`), or, for the embedded sampler, a
+    loopback server on the trainer's own sampler (same object, so weight updates apply)."""
+
+    def __init__(self, cfg: Any, env: Environment, sampler: Sampler, codec: Codec, *,
+                 urls: tuple[str, ...], tokenizer: Any, model_dir: pathlib.Path,
+                 make_executor: Callable[[], ToolExecutor] = ToolExecutor):
+        super().__init__(cfg, env, sampler, codec, make_executor)
+        self.urls, self.tokenizer, self.model_dir = urls, tokenizer, model_dir
+        self.pool: EpisodePool | None = None
+        self._server = None
+        self._worker_counters: dict[str, int] = {}  # workers' client counters not yet taken
+
+    async def start(self) -> None:
+        r, urls = self.cfg.rollout, self.urls
+        if r.backend == "embedded":
+            from orchestrax.rollout import server
+            self._server = await server.start(server.ServerState(
+                sampler=self.sampler, model_path=str(self.model_dir), tokenizer=self.tokenizer))
+            urls = (f"http://127.0.0.1:{server.bound_port(self._server)}",)
+        build = functools.partial(EpisodePlayer, self.cfg, urls, self.make_executor)
+        self.pool = await asyncio.to_thread(
+            EpisodePool, build, workers=r.workers,
+            max_in_flight=max(1, r.max_in_flight // r.workers))
+        log.info("%d episode workers started (sampler at %s)", r.workers, ", ".join(urls))
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self._server is not None:
+            await self._server.cleanup()  # also closes the sampler it serves
+            self._server = None
+
+    async def _play(self, jobs: list[EpisodeJob]) -> list[tuple[Trajectory, float]]:
+        played = await self.pool.play(jobs)
+        # Each episode brings its worker's client counters back; the next row logs them.
+        self._worker_counters = sum_counters(
+            [self._worker_counters, *(counters for _, _, counters in played)])
+        return [(traj, outcome) for traj, outcome, _ in played]
+
+    def take_counters(self) -> dict[str, int]:
+        """The trainer's own client's counters plus the episode workers' (theirs come back with
+        the episodes)."""
+        total = sum_counters([self.sampler.take_counters(), self._worker_counters])
+        self._worker_counters = {}
+        return total
