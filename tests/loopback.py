@@ -6,8 +6,11 @@ subprocess (`start_tiny_server`) with the trainer's multi-turn episodes against 
 
 import asyncio
 import contextlib
+import json
 import socket
 import sys
+import urllib.error
+import urllib.request
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -16,6 +19,22 @@ from aiohttp import web
 from orchestrax.rollout.base import GenerateRequest, SamplingParams
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.sglang_client import post_json
+
+def post_sync(url: str, body: Any, timeout: float = 120) -> tuple[int, Any]:
+    """(status, JSON) of a blocking POST of `body` as JSON, for tests that drive a server from
+    threads or next to sync clients; a plain-text refusal (the router's) is {"text": ...}."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read().decode()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"text": raw}
+
 
 Responder = Callable[[dict[str, Any]], "str | tuple[int, str]"]
 

@@ -12,6 +12,7 @@ import urllib.request
 
 import openai
 import pytest
+from loopback import post_sync
 
 pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "Name three prime numbers."}]
@@ -29,17 +30,7 @@ def _get(url: str) -> dict:
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raw = e.read().decode()
-        try:
-            return e.code, json.loads(raw)
-        except ValueError:  # the router's own refusals are plain text
-            return e.code, {"text": raw}
+    return post_sync(url, body, timeout=60)
 
 
 @pytest.fixture(scope="module")

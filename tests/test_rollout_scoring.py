@@ -16,6 +16,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from loopback import post_sync as _post
 
 from orchestrax import models, registry
 
@@ -31,16 +32,6 @@ def reference_logprobs(ids: list[int]) -> np.ndarray:
                         np.float64)[0]
     lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     return (logits - lse[:, None])[np.arange(len(ids) - 1), ids[1:]]
-
-
-def _post(url: str, body: dict | None) -> tuple[int, object]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 @pytest.fixture(scope="module")

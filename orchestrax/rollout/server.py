@@ -7,7 +7,8 @@ Routes and response shapes follow SGLang's entrypoints/http_server.py: `/generat
 `/update_weights_from_disk` -> `{success, message, num_paused_requests}`, `/model_info`
 (alias `/get_model_info`) -> `{model_path, tokenizer_path, is_generation,
 preferred_sampling_params, weight_version}`, `/server_info` (alias `/get_server_info`),
-`/flush_cache`, `/health`, `/abort_request` (`{rid, abort_all}`). Errors are
+`/flush_cache`, `/health`, `/abort_request` (`{rid, abort_all}`), OpenAI's `/v1/completions`
+(openai_completions.py) and the RL routes of rl_routes.py (pause, memory release, tokenize). Errors are
 `{"error": {"message": ...}}` with status 400, as SGLang's `_create_error_response`.
 
 Clients are isolated from each other: a request is checked in full (`ServeLimits`, field types
@@ -216,7 +217,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    # No prefix cache is kept between batches, so there is nothing to flush.
+    # The continuous engine's kept prefixes (freed only while idle); the static batcher keeps none.
+    request.app[STATE].sampler.release_cache()
     return web.Response(text="Cache flushed.\n")
 
 
