@@ -330,3 +330,112 @@ def test_a_client_is_its_peer_and_its_name_not_its_http_calls():
     last_other = max(i for i, tag in enumerate(served) if tag != 1)
     assert served[:last_other].count(1) <= 4, served
 
+
+
+POISON_SEED = 666   # marks the poisoned request of a call, on either route
+
+
+def poison_engine(eng, kind: str) -> None:
+    """Make the request seeded POISON_SEED fail inside `eng` once it is decoding: its row's
+    own host work raises ("row": its token hook, from its first decode step on), or every
+    decode dispatch it is live in raises before running ("dispatch": a device fault one row
+    causes, which the engine cannot attribute)."""
+    submit, decode = eng.submit, eng._decode_once
+
+    def poisoned_submit(r, on_tokens=None):
+        if kind != "row" or r.sampling.sampling_seed != POISON_SEED:
+            return submit(r, on_tokens)
+        calls = []
+
+        def hook(*event):
+            calls.append(event)
+            if len(calls) > 1:
+                raise RuntimeError("poisoned row")
+            on_tokens(*event)
+        return submit(r, hook)
+
+    def poisoned_decode(finished):
+        if kind == "dispatch" and any(j is not None and j.request.sampling.sampling_seed
+                                      == POISON_SEED for j in eng._slots):
+            raise RuntimeError("poisoned dispatch")
+        return decode(finished)
+
+    eng.submit, eng._decode_once = poisoned_submit, poisoned_decode
+
+
+def greedy_generate(i, seed=None):
+    return {"input_ids": [5, 17, 40 + i, 3], "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": 9, "sampling_seed": seed}}
+
+
+def greedy_chat(i, seed=None):
+    return {"messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 9,
+            "temperature": 0.0, "seed": seed}
+
+
+@pytest.mark.parametrize("kind", ["row", "dispatch"])
+def test_a_request_poisoned_inside_the_engine_fails_alone_on_both_routes(kind):
+    """15 greedy requests and one poisoned one in flight together, on /generate and on chat:
+    the poisoned one fails (500), the 15 get the tokens they got alone, and the server goes
+    on serving. Before, a failure in one row's decode failed every live row."""
+    routes = {"/generate": (greedy_generate, lambda b: b["output_ids"]),
+              "/v1/chat/completions": (greedy_chat, lambda b: b["choices"][0]["message"])}
+
+    async def fn(http, url, st):
+        poison_engine(st.sampler.engine, kind)
+        out = {}
+        for path, (body, answer) in routes.items():
+            alone = [answer((await post(http, url, body(i), path))[1]) for i in range(15)]
+            calls = [post(http, url, body(i), path) for i in range(15)]
+            calls.insert(7, post(http, url, body(99, seed=POISON_SEED), path))
+            mixed = await asyncio.gather(*calls)
+            bad = mixed.pop(7)
+            after = await post(http, url, body(0), path)
+            out[path] = (alone, [s for s, _ in mixed], [answer(b) for _, b in mixed], bad[0],
+                         answer(after[1]))
+        return out, st.sampler.stats
+
+    out, stats = serve("continuous", fn)
+    for path, (alone, statuses, together, bad_status, after) in out.items():
+        assert statuses == [200] * 15, path
+        assert together == alone, path
+        assert bad_status == 500, path
+        assert after == alone[0], path
+    assert (stats["reruns"] > 0) == (kind == "dispatch")
+
+
+def test_the_engine_drops_a_row_whose_own_work_raises_and_goes_on():
+    """One row whose host work raises from its first decode step, one whose prompt breaks its
+    slot planning, among 15 good rows in one engine: the two are the step's failures, the 15
+    finish with the tokens they got alone, and the engine serves the next request."""
+    from orchestrax.rollout.engine import ContinuousEngine
+    eng = ContinuousEngine(CFG, PARAMS, max_batch=16, max_len=64, prefill_chunk=16,
+                           decode_steps=4)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=9)
+    goods = [GenerateRequest(input_ids=(5, 6, 7 + i), rid=f"g{i}", sampling=greedy)
+             for i in range(15)]
+    alone = [eng.generate([g])[0] for g in goods]
+    calls = []
+
+    def hook(*event):
+        calls.append(event)
+        if len(calls) > 1:
+            raise RuntimeError("poisoned row")
+
+    for g in goods[:7]:
+        eng.submit(g)
+    eng.submit(GenerateRequest(input_ids=(5, 6, 40), rid="bad-row", sampling=greedy),
+               on_tokens=hook)
+    eng.submit(GenerateRequest(input_ids=(5, 6, 41), rid="bad-plan", sampling=greedy))
+    eng._queue[-1].request = GenerateRequest(   # past submit's checks, as a missed value would
+        input_ids=("x", "y"), rid="bad-plan", sampling=greedy)
+    for g in goods[7:]:
+        eng.submit(g)
+    results, failures = {}, {}
+    while eng.busy:
+        results.update((r.rid, r) for r in eng.step())
+        failures.update(eng.failures)
+    assert sorted(failures) == ["bad-plan", "bad-row"]
+    assert "poisoned row" in str(failures["bad-row"]) and len(calls) == 2
+    assert [results[g.rid].output_ids for g in goods] == [r.output_ids for r in alone]
+    assert eng.generate([goods[3]])[0].output_ids == alone[3].output_ids

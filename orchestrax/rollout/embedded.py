@@ -365,7 +365,10 @@ class ContinuousSampler(EmbeddedSampler):
     Params are read before every engine step, so `set_params` (the trainer's push, or the
     server's `update_weights_from_disk`) applies from the next step on, also to rows in flight;
     a result reports the weight version it finished under. A caller that leaves (cancelled,
-    aborted, a stop string matched) frees its slot before the next step. The slot cache stays
+    aborted, a stop string matched) frees its slot before the next step. A request that fails
+    in the engine fails alone: the engine drops its row (`ContinuousEngine.failures`), and a
+    step that fails as a whole is rerun in halves until the failing request runs by itself
+    (`_split_failed_step`). The slot cache stays
     allocated while idle, so an episode's next turn finds its prefix there (the engine's
     prefix cache); `drop_params` frees it with the weights (the trainer's step needs both).
     """
@@ -387,7 +390,11 @@ class ContinuousSampler(EmbeddedSampler):
         # (engine rid, ids, logprobs, top, result) recorded by the engine's hook during a step
         self._events: list[tuple] = []
         self._reported: dict[str, int] = {}
-        self.stats = {"steps": 0, "requests": 0, "tokens": 0}
+        # Groups of a failed step's requests still to run on their own (`_split_failed_step`),
+        # and whether the group in the engine now is one of them.
+        self._rerun: list[list[_Pending]] = []
+        self._rerunning = False
+        self.stats = {"steps": 0, "requests": 0, "tokens": 0, "reruns": 0}
 
     def admit_error(self, r: GenerateRequest) -> str | None:
         return self.engine.admit_error(r)
@@ -409,10 +416,13 @@ class ContinuousSampler(EmbeddedSampler):
         return out
 
     def _pending(self) -> list[_Pending]:
-        return [*self._queued, *self._live.values()]
+        return [*self._queued, *self._live.values(), *(p for g in self._rerun for p in g)]
 
     def _join(self, p: _Pending) -> None:
         del self._queued[p]
+        self._submit(p)
+
+    def _submit(self, p: _Pending) -> None:
         if p.future.done():
             return
         # Engine rids are ours: copies of one request (n > 1) may share the caller's rid.
@@ -430,10 +440,18 @@ class ContinuousSampler(EmbeddedSampler):
     async def _batch_loop(self) -> None:
         while True:
             if not self._live:
-                self._join(await self._queue.get())
+                self._rerunning = bool(self._rerun)
+                if self._rerun:   # a group of a failed step's requests runs on its own
+                    self.stats["reruns"] += 1
+                    for p in self._rerun.pop():
+                        self._submit(p)
+                else:
+                    self._join(await self._queue.get())
             # Only as many join as can start: the rest wait in the fair queue, where a later
-            # client's small request can still pass a giant call's backlog.
-            while not self._queue.empty() and self.engine.room > 0:
+            # client's small request can still pass a giant call's backlog. None join a rerun
+            # group (they would share its fate).
+            while (not self._rerunning and not self._queue.empty()
+                   and self.engine.room > 0):
                 self._join(self._queue.get_nowait())
             for key in [k for k, p in self._live.items() if p.future.done()]:
                 self.engine.abort(key)   # the caller left: free its slot before this step
@@ -450,11 +468,8 @@ class ContinuousSampler(EmbeddedSampler):
             # The step blocks on the device; a worker thread keeps the event loop serving.
             # Only this loop touches the engine, and only between awaits of this call.
             await asyncio.to_thread(eng.step)
-        except Exception as e:  # a device failure fails the callers in flight, not the loop
-            for key, p in self._live.items():
-                eng.abort(key)
-                self._finish(p, error=e)
-            self._live.clear()
+        except Exception as e:  # the shared dispatch failed: nobody knows whose row did it
+            self._split_failed_step(e)
             return
         self.stats["steps"] += 1
         for key, e in eng.failures:   # requests the engine dropped; the others went on
@@ -477,6 +492,32 @@ class ContinuousSampler(EmbeddedSampler):
             del self._live[key]
             self.stats["requests"] += 1
             self._finish(p, result.finish_reason, result.weight_version, delta)
+
+
+    def _split_failed_step(self, error: Exception) -> None:
+        """A failed engine step cannot say which row failed it. Its requests leave the engine
+        (its cache, perhaps donated and lost, is freed) and run again in two halves, each on
+        its own, halving again on failure: only a request whose step fails with it alone fails
+        its caller, after about 2 log2(rows) reruns. Seeds are fixed per request, so a rerun
+        samples the same tokens. A stream that already got tokens fails (its rerun would send
+        them twice)."""
+        eng, live = self.engine, list(self._live.values())
+        for key in self._live:
+            eng.abort(key)
+        self._live.clear()
+        if not eng.busy:
+            eng.release()
+        again = []
+        for p in live:
+            if p.future.done():
+                continue
+            if len(live) == 1 or (p.ids and p.deltas is not None):
+                self._finish(p, error=error)
+            else:
+                p.ids, p.logprobs, p.top = [], [], []
+                again.append(p)
+        half = (len(again) + 1) // 2
+        self._rerun += [g for g in (again[half:], again[:half]) if g]
 
 
 def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:

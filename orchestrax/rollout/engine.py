@@ -294,6 +294,11 @@ class ContinuousEngine:
     new_ids, new_logprobs, new_top_logprobs, result)` is called with each request's new tokens
     after every step; `result` is set on its last call.
 
+    A request that fails on its own (its slot planning, its settings or prompt chunk, its
+    row's host work or hook after a decode) is dropped with its slot and listed in `failures`
+    for that step; the other rows go on. `step` raises only when a dispatch shared by all rows
+    fails or the donated cache is lost.
+
     Prefix cache (`prefix_cache`, on by default): a slot keeps its tokens' KV after its request
     ends, and a new request whose prompt starts with tokens some slot holds (the next turn of
     an episode: prompt + reply + tool output; another sample of the same prompt) prefills only
@@ -380,14 +385,20 @@ class ContinuousEngine:
         n = 0
         for job in [j for j in self._queue if j.rid == rid]:
             self._queue.remove(job)
-            self._finish(job, "abort")
+            self._finish_aborted(job)
             n += 1
         for slot, job in enumerate(self._slots):
             if job is not None and job.rid == rid:
-                self._finish(job, "abort")
                 self._slots[slot] = None
+                self._finish_aborted(job)
                 n += 1
         return n
+
+    def _finish_aborted(self, job: _Job) -> None:
+        try:
+            self._finish(job, "abort")
+        except Exception:   # its hook failed: the row is gone either way, and nobody waits on it
+            pass
 
     @property
     def busy(self) -> bool:
@@ -420,17 +431,12 @@ class ContinuousEngine:
             self._state = init_state(self.cfg, self.max_batch, self.max_len)
         self.failures = []
         self._admit()
-        for slot, job in enumerate(self._slots):
+        for job in self._slots:
             if job is not None and job.prefilling:
                 try:
                     self._prefill(job, finished)
                 except Exception as e:
-                    if self._state_lost():
-                        raise  # the donated cache is gone: every row's caller must hear it
-                    # This one request failed (its settings, its chunk): drop its row, go on.
-                    self._slots[slot] = None
-                    self._content[slot].clear()
-                    self.failures.append((job.rid, e))
+                    self._drop(job, e)
         if any(j is not None and not j.prefilling for j in self._slots):
             self._decode_once(finished)
         return finished
@@ -502,13 +508,28 @@ class ContinuousEngine:
             chunk //= 2
 
     def _admit(self) -> None:
-        """Give queued jobs free slots, in order, each with its prefill plan."""
+        """Give queued jobs free slots, in order, each with its prefill plan; a job whose
+        planning fails is dropped alone."""
         waiting = []
         while self._queue and any(j is None for j in self._slots):
             job = self._queue.pop(0)
-            if not self._place(job):
-                waiting.append(job)
+            try:
+                if not self._place(job):
+                    waiting.append(job)
+            except Exception as e:
+                self._drop(job, e)
         self._queue[:0] = waiting
+
+    def _drop(self, job: _Job, error: Exception) -> None:
+        """`job` failed on its own (its settings, its prompt, its hook): free its slot and record
+        the failure; the other rows go on. Raises `error` instead when the donated cache is gone
+        (every row's caller must hear it)."""
+        if self._state_lost():
+            raise error
+        if job.slot >= 0 and self._slots[job.slot] is job:
+            self._slots[job.slot] = None
+            self._content[job.slot].clear()   # it may hold part of this job's tokens
+        self.failures.append((job.rid, error))
 
     def _place(self, job: _Job) -> bool:
         """Plan `job` into a free slot, reusing the longest prefix a slot holds; False when a
@@ -616,22 +637,31 @@ class ContinuousEngine:
         for slot, job in enumerate(self._slots):
             if job is None or job.prefilling:
                 continue
-            n = int(steps.valid_RN[slot].sum())
-            if n == 0:
-                continue
-            # Each valid step fed the row's last recorded token at the next position.
-            content = self._content[slot]
-            fed = [job.ids[-1]] + steps.tokens_RN[slot, :n - 1].tolist()
-            first = job.start + len(job.padded_ids) + len(job.ids) - 1
-            content.ids += fed
-            content.pos += range(first, first + n)
-            content.used = self._steps
-            why = None
-            if not live[slot]:
-                why = "stop" if steps.stopped_RN[slot, n - 1] else "length"
-            self._record(job, steps.tokens_RN[slot, :n].tolist(),
-                         steps.logprobs_RN[slot, :n].tolist(), steps.top_ids_RNK[slot, :n],
-                         steps.top_lp_RNK[slot, :n], why, finished)
+            try:
+                self._take_steps(job, steps, bool(live[slot]), finished)
+            except Exception as e:   # this row's host work: the others' tokens still count
+                self._drop(job, e)
+
+    def _take_steps(self, job: _Job, steps: Steps, live: bool,
+                    finished: list[GenerateResult]) -> None:
+        """Record what one decode dispatch produced for `job`'s row (host arrays)."""
+        slot = job.slot
+        n = int(steps.valid_RN[slot].sum())
+        if n == 0:
+            return
+        # Each valid step fed the row's last recorded token at the next position.
+        content = self._content[slot]
+        fed = [job.ids[-1]] + steps.tokens_RN[slot, :n - 1].tolist()
+        first = job.start + len(job.padded_ids) + len(job.ids) - 1
+        content.ids += fed
+        content.pos += range(first, first + n)
+        content.used = self._steps
+        why = None
+        if not live:
+            why = "stop" if steps.stopped_RN[slot, n - 1] else "length"
+        self._record(job, steps.tokens_RN[slot, :n].tolist(),
+                     steps.logprobs_RN[slot, :n].tolist(), steps.top_ids_RNK[slot, :n],
+                     steps.top_lp_RNK[slot, :n], why, finished)
 
     def _record(self, job: _Job, ids: list[int], lps: list[float], top_ids, top_lp,
                 why: str | None, finished: list[GenerateResult]) -> None:
