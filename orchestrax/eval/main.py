@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrax import registry
 from orchestrax.checks import at_least_or_none, one_of, require
+from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.envs.routing import LookupTool, RoutingConfig
 from orchestrax.eval import grid, report
@@ -78,6 +79,8 @@ class EvalCommand:
     ablate: str = "none"
     subagent_policy: str | None = None
     subagent_price: str | None = None
+    experts: str | None = None        # --agent orchestrator8b: slot -> endpoint JSON
+    protocol_tools: str | None = None  # --agent orchestrator8b: the released tools.json
     max_turns: int | None = None
     turn_sweep: str | None = None
     temperature: float | None = None
@@ -155,6 +158,44 @@ def resolve_settings(args: EvalCommand) -> tuple[dict[str, Any], list[str]]:
     return used, notes
 
 
+PROTOCOL = "orchestrator8b"
+
+
+def protocol_options(args: EvalCommand, policy, catalog):
+    """The released Orchestrator-8B protocol's settings: experts from `--experts`, the
+    retriever from the --train-config catalog (local_search, else web_search), the sandbox for
+    enhance_reasoning when bubblewrap runs here."""
+    from orchestrax.agent.orchestrator8b import load_tools
+    from orchestrax.agent.orchestrator8b_experts import ExpertPool, load_experts, tool_retriever
+    from orchestrax.eval.orchestrator8b import Orchestrator8BOptions
+    from orchestrax.tools.sandbox import SandboxConfig, SandboxUnavailable, check_available
+    if args.experts is None:
+        raise ValueError("EvalCommand.experts=None; --agent orchestrator8b needs --experts FILE "
+                         "(JSON: slot such as search-1 or answer-2 -> base_url and model)")
+    from orchestrax.eval.policy import TokenPolicy
+    tokens = policy.codec if isinstance(policy, TokenPolicy) else None
+    if tokens is None and args.tokenizer is not None:
+        tokens = Codec(registry.build_tokenizer(args.tokenizer))
+    if tokens is None:
+        raise ValueError("--agent orchestrator8b with an openai: policy needs --tokenizer "
+                         "(the context budget is counted in the policy's tokens)")
+    search = next((catalog[k] for k in ("local_search", "web_search") if catalog and k in catalog),
+                  None)
+    sandbox = SandboxConfig()
+    try:
+        check_available(sandbox)
+    except SandboxUnavailable as e:
+        print(f"orchestrator8b: enhance_reasoning calls will fail: {e}", flush=True)
+        sandbox = None
+    if search is None:
+        print("orchestrator8b: no search tool in --train-config's catalog; search calls will "
+              "fail", flush=True)
+    pool = ExpertPool(load_experts(args.experts), tokens, sandbox=sandbox,
+                      retriever=tool_retriever(search) if search is not None else None)
+    tools = tuple(load_tools(args.protocol_tools)) if args.protocol_tools else None
+    return Orchestrator8BOptions(experts=pool, tools=tools, tokens=tokens)
+
+
 def error_rates(rows: list[dict[str, Any]], main_limit: int | None) -> dict[str, float]:
     """Task set -> fraction of its episodes that ended in an error (failed requests), at the
     main turn limit."""
@@ -197,17 +238,22 @@ def run(args: EvalCommand) -> int:
         sweep = tuple(n for n in DEFAULT_SWEEP if n < settings["max_turns"])
     else:
         sweep = tuple(int(x) for x in args.turn_sweep.split(",") if x)
-    # --agent/--thinking/--ablate lists: the paper's grid (eval/grid.py), one run per point
-    points = grid.grid_points(args.agent, args.thinking or (
-        "orchestrator" if settings["enable_thinking"] else "none"), args.ablate)
-    is_grid = len(points) > 1 or points[0].agent != "direct" or args.thinking is not None
-    spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep,
-                   runner=points[0].agent,
+    if args.agent == PROTOCOL:
+        runner, is_grid, points = PROTOCOL, False, []
+    else:  # --agent/--thinking/--ablate lists: the paper's grid (eval/grid.py), one run a point
+        points = grid.grid_points(args.agent, args.thinking or (
+            "orchestrator" if settings["enable_thinking"] else "none"), args.ablate)
+        is_grid = len(points) > 1 or points[0].agent != "direct" or args.thinking is not None
+        runner = points[0].agent
+    spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep, runner=runner,
                    max_in_flight=args.max_in_flight, baseline=args.baseline, options=options,
                    progress=not args.no_progress)
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=settings["context_tokens"],
                          param_dtype=args.param_dtype, seed=args.seed)
+    if runner == PROTOCOL:
+        spec = dataclasses.replace(spec, cfg=dataclasses.replace(
+            cfg, agent_options=protocol_options(args, policy, catalog)))
     sub_pricing = None
     if args.subagent_price:
         from orchestrax.tools.sheets import load_sheet
@@ -282,6 +328,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "no_web_searcher, no_coder, no_file_inspector, no_memory")
     p.add_argument("--subagent-policy", help="the sub-agents' model (run or HF dir, sglang:URL); "
                    "default: --policy")
+    p.add_argument("--experts", help="--agent orchestrator8b: JSON file of expert slots "
+                   "(search-1, reasoner-2, answer-math-1, ..., or default) -> {base_url, model}")
+    p.add_argument("--protocol-tools", help="--agent orchestrator8b: the released tools.json to "
+                   "render instead of the built-in tool descriptions")
     p.add_argument("--subagent-price", metavar="MODEL",
                    help="bill the sub-agents' tokens at this model's row of the sheet")
     p.add_argument("--max-turns", type=at_least(1),

@@ -17,6 +17,7 @@ from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment, play_task
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory
+from orchestrax.eval.orchestrator8b import run_orchestrator8b  # the released protocol
 from orchestrax.eval.subagent import run_subagent  # the orchestrator + sub-agents system
 from orchestrax.tools.base import Pricing, Tool
 
@@ -69,4 +70,5 @@ async def run_direct(task: Task, env: Environment, policy: Policy, tools: Sequen
         policy_pricing=cfg.policy_pricing)
 
 
-RUNNERS: dict[str, Runner] = {"direct": run_direct, "subagent": run_subagent}
+RUNNERS: dict[str, Runner] = {"direct": run_direct, "subagent": run_subagent,
+                              "orchestrator8b": run_orchestrator8b}
