@@ -129,7 +129,7 @@ def shapes_for(tc, kind: str, smoke: bool) -> dict:
     """Rows and lengths of one compile at the config's real sizes (smoke: tiny ones)."""
     r = tc.rollout
     rows = r.tasks_per_step * r.group_size
-    seq = 64 * -(-r.context_tokens // 64)                 # train/batching.bucket_len
+    seq = 64 * -(-r.context_tokens // 64)                 # rl.batch.bucket_len
     if smoke:
         rows, seq = 2 * tc.grpo.num_minibatches * tc.grpo.num_microbatches, 128
     return {"rows": rows, "seq": seq, "sft_rows": tc.sft_batch if not smoke else rows,

@@ -13,10 +13,10 @@ from orchestrax.agent.codec import Codec
 from orchestrax.agent.subagent import FileReadTool, OrchestratorConfig, build_subagents, run_query
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
-from orchestrax.rl import GRPOConfig
+from orchestrax.rl import GRPOConfig, flow_batch
 from orchestrax.train.agent_config import AgentConfig
 from orchestrax.train.rollouts import drop_stale
-from orchestrax.train.flow import flow_batch, preferences
+from orchestrax.train.flow import preferences
 
 NAMES = ["web_searcher", "coder", "file_inspector"]
 DISPATCH = ('<tool_call>\n{"name": "file_inspector", "arguments": {"task": "Read a.txt"}}\n'
@@ -61,8 +61,9 @@ def setup(tok, tmp_path_factory):
 
 def build(setup, max_turn_tokens=4096, outcome=None, grpo=GRPOConfig()):
     tasks, groups, default = setup
-    return flow_batch(tasks, groups, default if outcome is None else outcome, NAMES, grpo,
-                      pad_id=PAD, max_turn_tokens=max_turn_tokens, row_multiple=8)
+    return flow_batch(groups, default if outcome is None else outcome, NAMES,
+                      preferences(tasks, NAMES), grpo, pad_id=PAD,
+                      max_turn_tokens=max_turn_tokens, row_multiple=8)
 
 
 def expected_advantages():
@@ -139,8 +140,9 @@ def test_malformed_rollouts_are_filtered_on_every_turn(tok, tmp_path):
     t = task("C")
     groups = [[rollout(tok, tmp_path, t, 1), rollout(tok, tmp_path, t, 1, malformed=True),
                rollout(tok, tmp_path, t, 0), rollout(tok, tmp_path, t, 2)]]
-    batch, stats = flow_batch([t], groups, np.array([[1, 1, 0, 0]], np.float32), NAMES,
-                              GRPOConfig(), pad_id=PAD, max_turn_tokens=4096, row_multiple=4)
+    batch, stats = flow_batch(groups, np.array([[1, 1, 0, 0]], np.float32), NAMES,
+                              preferences([t], NAMES), GRPOConfig(), pad_id=PAD,
+                              max_turn_tokens=4096, row_multiple=4)
     assert stats["format_error_rate"] == 0.25
     n0 = len(groups[0][0].samples)
     n1 = len(groups[0][1].samples)
@@ -237,8 +239,8 @@ def test_stale_orchestrator_turns_drop_their_rollout(tok, tmp_path):
     assert "stale weights ['1']" in group[1].error
     assert group[1].trajectory.final_answer is None
     assert all(r.final_answer == "done" for r in (group[0], group[2], group[3]))
-    batch, _ = flow_batch([t], [group], np.ones((1, 4), np.float32), NAMES, GRPOConfig(),
-                          pad_id=PAD, max_turn_tokens=4096, row_multiple=8)
+    batch, _ = flow_batch([group], np.ones((1, 4), np.float32), NAMES, preferences([t], NAMES),
+                          GRPOConfig(), pad_id=PAD, max_turn_tokens=4096, row_multiple=8)
     rows = batch["rollout_ids"]
     assert set(rows[rows >= 0]) == {0, 1, 2, 3}
     assert np.all(batch["sample_mask"][rows == 1] == 0)

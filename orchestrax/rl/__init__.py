@@ -1,7 +1,9 @@
-"""GRPO core: ToolOrchestra reward, group advantages, filters, policy/SFT losses, train step."""
+"""GRPO core: ToolOrchestra reward, group advantages, filters, batches, policy/SFT losses, train
+step."""
 
 from orchestrax.rl.advantages import (compute_advantages, dr_grpo_advantages, group_advantages,
                                       group_mean_std, rloo_advantages)
+from orchestrax.rl.batch import direct_batch, flow_batch, pack, tool_totals, turn_batch
 from orchestrax.rl.config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.filters import has_final_answer, homogeneity_mask, sample_mask, validity_mask
 from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
@@ -18,10 +20,10 @@ from orchestrax.rl.scoring import GroupScores, score_groups
 __all__ = [
     "GRPOConfig", "GroupFeatures", "GroupScores", "OptimizerConfig", "RESOLUTION", "Resolution",
     "TrainState", "TrainStep",
-    "batch_shardings", "compute_advantages", "data_parallel_degree", "dr_grpo_advantages", "features_from_trajectories",
-    "group_advantages", "group_features", "group_mean_std", "has_final_answer",
+    "batch_shardings", "compute_advantages", "data_parallel_degree", "direct_batch", "dr_grpo_advantages", "features_from_trajectories",
+    "flow_batch", "group_advantages", "group_features", "group_mean_std", "has_final_answer",
     "homogeneity_mask", "init_state", "kl_penalty", "lr_schedule", "make_optimizer",
-    "make_train_step", "matmul_params", "mfu", "outcome_reward", "peak_flops", "policy_loss",
+    "make_train_step", "matmul_params", "mfu", "outcome_reward", "pack", "peak_flops", "policy_loss",
     "reference_logprobs", "rloo_advantages", "sample_mask", "score_groups", "sft_loss", "state_shardings", "token_weights",
-    "toolorchestra_reward", "train_flops", "validity_mask",
+    "tool_totals", "toolorchestra_reward", "train_flops", "turn_batch", "validity_mask",
 ]

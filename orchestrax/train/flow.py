@@ -1,22 +1,18 @@
-"""Flow-GRPO: training the orchestrator of sub-agent mode one turn at a time.
+"""Flow-GRPO in the trainer: sub-agent-mode rollouts and their per-turn batches.
 
 A sub-agent-mode rollout is a sequence of orchestrator turns, each with its own prompt rebuilt
-from memory, so there is no single token stream to train on. Each turn becomes its own sample
-(its exact prompt ids, loss on the ids it sampled). The rollout's final ToolOrchestra reward (the
-same reward as in Direct mode; the orchestrator's "tools" are its sub-agents, so P weighs
-dispatches per sub-agent) is turned into a GRPO advantage within the task's group of G rollouts,
-and every turn of the rollout carries that advantage. Turns longer than the training budget are
-dropped only after advantages are computed, so dropping one never moves another's advantage.
-The loss weighs turns as Flow-GRPO does (AgentFlow, arXiv 2510.05592): each rollout 1/G, each of
-its T_i turns 1/T_i of that, each token 1/|a| of its turn (`agent.flow_agg`; "token-mean" over
-all turn rows is the alternative, which lets long rollouts with many turns dominate).
-Sub-agents are frozen: their tokens never enter the batch.
+from memory, so each turn becomes its own sample; the batch math (the ToolOrchestra reward over
+the orchestrator's dispatches, group advantages carried by every turn, over-budget turns dropped
+after the advantages) is `rl.flow_batch`. Here: each task's preference vector over the
+sub-agents (`preferences`), the sub-agent sampler, and `FlowRunner`, the trainer's rollout driver
+in sub-agent mode. The loss weighs turns as Flow-GRPO does (`agent.flow_agg`). Sub-agents are
+frozen: their tokens never enter the batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -26,7 +22,6 @@ from orchestrax.agent.subagent import (ROLES, SubagentRollout, build_subagents, 
                                        query_tools, run_query)
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplerConfig
-from orchestrax.train import batching
 from orchestrax.train.rollouts import grouped
 from orchestrax.train.agent_config import AgentConfig
 
@@ -34,33 +29,7 @@ if TYPE_CHECKING:
     from orchestrax.train.config import TrainConfig
 
 
-# --- reward and batch (pure, numpy) ---------------------------------------------------------
-class _Dispatch(NamedTuple):
-    name: str                    # the sub-agent dispatched
-
-
-class _AsScored(NamedTuple):
-    """A rollout as `rl.score_groups` reads a trajectory: its "tool calls" are the
-    orchestrator's dispatches, named by sub-agent (the sub-agents' own tool calls are not the
-    orchestrator's actions and are not counted)."""
-
-    tool_calls: list[_Dispatch]
-    cost: float
-    clock: float                 # `SubagentRollout.clock_s`, timed with both models' speeds
-    format_errors: int
-    final_answer: str | None
-
-    def clock_s(self, seconds_per_token: float) -> float:
-        return self.clock        # already timed: orchestrator and sub-agents differ in speed
-
-
-def _as_scored(r: SubagentRollout, seconds_per_token: float,
-               subagent_seconds_per_token: float) -> _AsScored:
-    calls = [_Dispatch(name) for name, k in r.account.dispatches.items() for _ in range(k)]
-    return _AsScored(calls, r.cost, r.clock_s(seconds_per_token, subagent_seconds_per_token),
-                     r.format_errors, r.final_answer)
-
-
+# --- preferences over the sub-agents --------------------------------------------------------
 def preferences(tasks: Sequence[Task], agent_names: Sequence[str],
                 tool_names: Sequence[Sequence[str]] | None = None) -> np.ndarray:
     """[Q, N+3] ordered (sub-agents…, outcome, compute, latency). A task's P over its own tools
@@ -83,82 +52,6 @@ def preferences(tasks: Sequence[Task], agent_names: Sequence[str],
         elif len(p) == n + 3:
             out[i, :n] = p[:n]
     return out
-
-
-def turn_batch(groups: Sequence[Sequence[SubagentRollout]], advantages_QG: np.ndarray,
-               keep_QG: np.ndarray, *, pad_id: int, max_turn_tokens: int, row_multiple: int
-               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """One row per orchestrator turn, carrying its rollout's advantage and sample mask; turns
-    longer than `max_turn_tokens` are left out. Rows are padded (sample_mask 0) to a multiple of
-    `row_multiple` so the jitted step sees few distinct shapes.
-
-    Returns (batch for `train_step`, info): info["rollout"] [B] is q·G + g of each row's rollout
-    (-1 on padding rows), info["dropped"] [Q,G] the number of over-budget turns per rollout."""
-    q, g = advantages_QG.shape
-    rows, rollout_of = [], []
-    dropped = np.zeros((q, g), np.int32)
-    for i, group in enumerate(groups):
-        for j, r in enumerate(group):
-            for s in r.samples:
-                if len(s.prompt_ids) + len(s.output_ids) > max_turn_tokens:
-                    dropped[i, j] += 1
-                    continue
-                rows.append(s.as_trajectory(r.task_id))
-                rollout_of.append(i * g + j)
-    n = len(rows)
-    b = max(row_multiple, -(-n // row_multiple) * row_multiple)
-    packed = batching.pack(rows, pad_id=pad_id, max_len=max_turn_tokens) if rows else {}
-    t = packed["tokens"].shape[1] if rows else batching.bucket_len(1)
-    out = {"tokens": np.full((b, t), pad_id, np.int32),
-           "attention_mask": np.zeros((b, t), np.int32),
-           "loss_mask": np.zeros((b, t), np.float32),
-           "sampler_logprobs": np.zeros((b, t), np.float32)}
-    for key, value in packed.items():
-        out[key][:n] = value
-    index = np.full((b,), -1, np.int64)
-    index[:n] = rollout_of
-    flat_A, flat_keep = advantages_QG.reshape(-1), keep_QG.reshape(-1)
-    out["advantages"] = np.where(index >= 0, flat_A[index], 0.0).astype(np.float32)
-    out["sample_mask"] = np.where(index >= 0, flat_keep[index], 0.0).astype(np.float32)
-    out["rollout_ids"] = index.astype(np.int32)   # agg="rollout-turn-token-mean" weighs by it
-    return out, {"rollout": index, "dropped": dropped}
-
-
-def flow_batch(tasks: Sequence[Task], groups: Sequence[Sequence[SubagentRollout]],
-               outcome_QG: np.ndarray, agent_names: Sequence[str], grpo: rl.GRPOConfig, *,
-               pad_id: int, max_turn_tokens: int, row_multiple: int,
-               tool_names: Sequence[Sequence[str]] | None = None,
-               seconds_per_token: float = 0.0, subagent_seconds_per_token: float = 0.0
-               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The ToolOrchestra reward, filters and group advantages over [Q,G] rollouts (the direct
-    loop's `rl.score_groups`, with dispatches per sub-agent as the tool calls), then the
-    per-turn batch. `tool_names`: each task's own tools, the order its P uses (see
-    `preferences`); the two speeds time the orchestrator's and the sub-agents' tokens in the
-    latency feature. Returns (batch, stats)."""
-    scored = [[_as_scored(r, seconds_per_token, subagent_seconds_per_token) for r in gr]
-              for gr in groups]
-    scores = rl.score_groups(scored, outcome_QG,
-                             [list(agent_names)] * len(groups),
-                             list(preferences(tasks, agent_names, tool_names)), grpo)
-    batch, info = turn_batch(groups, scores.advantages_QG, scores.keep_QG, pad_id=pad_id,
-                             max_turn_tokens=max_turn_tokens, row_multiple=row_multiple)
-    f = scores.features
-    flat = [r for gr in groups for r in gr]
-    acc = [r.account for r in flat]
-    stats = {"reward_mean": float(scores.reward_QG.mean()),
-             "accuracy": float(np.mean(outcome_QG)),
-             "cost_mean": float(f.cost_QG.mean()), "latency_mean": float(f.latency_QG.mean()),
-             "latency_wall_mean": float(np.mean([r.latency for r in flat])),
-             "format_error_rate": float((scores.format_errors_QG > 0).mean()),
-             "turns_mean": float(np.mean([a.turns for a in acc])),
-             "flow/turn_samples": float((info["rollout"] >= 0).sum()),
-             "flow/dropped_over_budget": float(info["dropped"].sum()),
-             "tokens/prompt_mean": float(np.mean([a.prompt_tokens for a in acc])),
-             "tokens/completion_mean": float(np.mean([a.completion_tokens for a in acc])),
-             "tool_calls_mean": float(np.mean([len(a.tool_calls) for a in acc]))}
-    stats |= {f"dispatches/{n}": float(f.counts_QGN[..., k].mean())
-              for k, n in enumerate(f.tool_names)}
-    return batch, stats | scores.counters
 
 
 # --- rollouts in the trainer -------------------------------------------------------------------
@@ -213,10 +106,11 @@ class FlowRunner:
         q, g = outcome.shape
         names = [[t.spec.name for t in self.env.tools(task)] for task in tasks]
         spt, sub = self.speeds()
-        return flow_batch(tasks, groups, outcome, self.agent_names, self.cfg.grpo, pad_id=pad_id,
-                          max_turn_tokens=self.max_turn_tokens, row_multiple=q * g,
-                          tool_names=names, seconds_per_token=spt,
-                          subagent_seconds_per_token=sub)
+        return rl.flow_batch(groups, outcome, self.agent_names,
+                             preferences(tasks, self.agent_names, names), self.cfg.grpo,
+                             pad_id=pad_id, max_turn_tokens=self.max_turn_tokens,
+                             row_multiple=q * g, seconds_per_token=spt,
+                             subagent_seconds_per_token=sub)
 
     def speeds(self) -> tuple[float, float]:
         """(orchestrator, sub-agents) seconds per generated token on the reward's clock."""

@@ -374,7 +374,7 @@ class Trainer:
         row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
                "cost_mean": float(np.mean([tr.cost for tr in flat])),
                "latency_mean": float(np.mean([self.rollouts.clock_s(tr) for tr in flat]))}
-        return (row | self.env.stats(tasks, groups) | rollouts.tool_totals(flat)
+        return (row | self.env.stats(tasks, groups) | rl.tool_totals(flat)
                 | self._sampler_counters())
 
     def _sampler_counters(self) -> dict[str, float]:

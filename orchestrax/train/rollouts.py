@@ -31,7 +31,6 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.base import Environment, play_task
 from orchestrax.rollout.base import Sampler
-from orchestrax.train import batching
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +62,6 @@ def sum_counters(deltas: Iterable[dict[str, int]]) -> dict[str, int]:
     for delta in deltas:
         total.update(delta)  # update, not +: keeps the zero counts
     return dict(total)
-
-
-def tool_totals(trajectories: Iterable[Trajectory]) -> dict[str, float]:
-    """Calls and dollars per tool over `trajectories` (failed calls counted, at what they
-    cost): `tools/<name>/calls`, `tools/<name>/cost_usd`."""
-    out: dict[str, float] = {}
-    for traj in trajectories:
-        for call in traj.tool_calls:
-            out[f"tools/{call.name}/calls"] = out.get(f"tools/{call.name}/calls", 0.0) + 1
-            key = f"tools/{call.name}/cost_usd"
-            out[key] = out.get(key, 0.0) + float(call.cost)
-    return out
 
 
 def drop_stale(trajectories: Iterable[Trajectory], version: str) -> dict[str, float]:
@@ -160,8 +147,8 @@ def grouped(played: Sequence[tuple[Any, float]], num_tasks: int, group: int
 def direct_batch(cfg: Any, env: Environment, tasks: Sequence[Task],
                  groups: Sequence[Sequence[Trajectory]], outcome: np.ndarray, pad_id: int
                  ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Reward, advantages and filters over [Q, G] (`rl.score_groups`), then the packed
-    [Q·G, T] batch and the step's rollout statistics."""
+    """`rl.direct_batch` over the tasks' own tool subsets and preference vectors, plus the
+    environment's statistics of the step."""
     from orchestrax import rl  # the trainer's process only: episode workers never load JAX
     for task in tasks:
         if task.preference is None:  # no silent outcome-only fallback
@@ -169,27 +156,10 @@ def direct_batch(cfg: Any, env: Environment, tasks: Sequence[Task],
                              "TrainConfig.instances.preferences=True or give tasks their P")
     # Tool-count columns are aligned by tool name across the instances' tool subsets.
     names = [[tool.spec.name for tool in env.tools(t)] for t in tasks]
-    scores = rl.score_groups(groups, outcome, names, [t.preference for t in tasks], cfg.grpo,
-                             seconds_per_token=cfg.rollout.seconds_per_token)
-    flat = [tr for gr in groups for tr in gr]
-    batch = batching.pack(flat, pad_id=pad_id, max_len=cfg.rollout.context_tokens)
-    # mu = 1 and on-policy: the step recomputes old logprobs with the pre-update params, and
-    # the sampler's own logprobs feed the trainer-sampler gap metric.
-    batch["advantages"] = np.asarray(scores.advantages_QG, np.float32).reshape(-1)
-    batch["sample_mask"] = np.asarray(scores.keep_QG, np.float32).reshape(-1)
-    f = scores.features
-    stats = {"reward_mean": float(np.mean(scores.reward_QG)), "accuracy": float(outcome.mean()),
-             "cost_mean": float(f.cost_QG.mean()), "latency_mean": float(f.latency_QG.mean()),
-             # measured sampler time, queueing included: a metric, never reward
-             "generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
-             "format_error_rate": float((scores.format_errors_QG > 0).mean()),
-             "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
-             "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
-             # Every episode comes back, as a trajectory or as a failed one (never lost).
-             "episodes": float(len(flat)),
-             "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
-    counters = {k: float(np.asarray(v)) for k, v in scores.counters.items()}
-    return batch, stats | counters | env.stats(tasks, groups) | tool_totals(flat)
+    batch, stats = rl.batch.direct_batch(
+        groups, outcome, names, [t.preference for t in tasks], cfg.grpo, pad_id=pad_id,
+        max_len=cfg.rollout.context_tokens, seconds_per_token=cfg.rollout.seconds_per_token)
+    return batch, stats | env.stats(tasks, groups)
 
 
 class DirectRollouts:

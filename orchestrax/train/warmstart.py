@@ -78,12 +78,12 @@ def demo_batches(demos: Sequence[Any], *, pad_id: int, seq_len: int, batch_size:
                  start: int) -> Iterator[dict[str, np.ndarray]]:
     """Batches of the environment's demonstration trajectories, drawn with replacement; batch
     k depends only on (seed, k), so a resumed run continues the same sequence from `start`."""
-    from orchestrax.train import batching
+    from orchestrax.rl import pack
 
     step = start
     while True:
         rng = np.random.default_rng([seed, 1, step])
         chosen = [demos[i] for i in rng.choice(len(demos), batch_size)]
-        batch = batching.pack(chosen, pad_id=pad_id, max_len=seq_len)
+        batch = pack(chosen, pad_id=pad_id, max_len=seq_len)
         yield {k: batch[k] for k in _STEP_KEYS}
         step += 1
