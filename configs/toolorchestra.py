@@ -63,11 +63,13 @@ USER = ("http://127.0.0.1:31000/v1", "Qwen3-32B")
 def tools(endpoints: dict[str, tuple[str, str, str | None]] = ENDPOINTS, *,
           search_backend: str = "dense", search_titles: tuple[str, ...] | None = None,
           web: bool = True, sandbox: SandboxConfig = SandboxConfig(),
-          llm_max_tokens: int = 1024) -> CatalogConfig:
+          llm_max_tokens: int = 1024, clock: str = "measured") -> CatalogConfig:
     """Paper's tool set: code sandbox, local search (FAISS over an embedder; "bm25" where no
     embedder), web search (Tavily; left out without its key), the LLM tools (at most
     `llm_max_tokens` a reply); priced by the training sheet `train_list` (instances then draw
-    from every training sheet)."""
+    from every training sheet). `clock`: the sandbox and local search are charged their measured
+    seconds (the recipe) or their nominal ones (the rehearsal: a redone step then reproduces
+    the killed run's rewards under any load)."""
     llms = []
     for name, role, model in LLM_TOOLS:
         url, served, key = endpoints[model]
@@ -79,7 +81,7 @@ def tools(endpoints: dict[str, tuple[str, str, str | None]] = ENDPOINTS, *,
         search=SearchIndexConfig(corpus_path=str(DATA / "corpus" / "wiki_summaries_en.json"),
                                  backend=search_backend, titles=search_titles),
         web=WebSearchConfig() if web else None,
-        llms=tuple(llms), sheet="train_list")
+        llms=tuple(llms), sheet="train_list", clock=clock)
 
 
 def instances() -> InstanceConfig:
@@ -245,7 +247,7 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         # made the warm start alone take over 20 minutes on two shared cores.
         env=mixture(user, tau2_domains=(), qa_sets=("bamboogle_125", "aime_2024_2025")),
         tools=tools(experts, search_backend="bm25", search_titles=titles, web=False,
-                    llm_max_tokens=16),
+                    llm_max_tokens=16, clock="nominal"),
         sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=24, sft_batch=8, steps=4,
         out_dir=out_dir, checkpoint_every=2, eval_every=0, eval_tasks=8)
 

@@ -161,7 +161,10 @@ def test_env_construction_splits_and_user_hook(shared_data):
     with pytest.raises(ValueError, match="split='dev'; allowed: .*'all', 'eval'"):
         env.tasks("dev")
     task = env.tasks("train")[0]
-    assert env.user_for(task) is None
+    fallback = env.user_for(task)  # no endpoint: the scenario once, then ###STOP###
+    assert isinstance(fallback, ScriptedUser) and "Reason for call:" in fallback.lines[0]
+    assert asyncio.run(fallback([])).text == fallback.lines[0]
+    assert asyncio.run(fallback([])).stop
     assert task.messages[0]["role"] == "system" and "<policy>" in task.messages[0]["content"]
     with_user = tau2.Tau2Env(env.domain, user_endpoint=ChatEndpoint(base_url="http://127.0.0.1:9", model="u"))
     assert isinstance(with_user.user_for(task), LLMUser)

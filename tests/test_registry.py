@@ -109,11 +109,11 @@ def test_a_new_env_and_sampler_backend_train_one_step_and_evaluate(tmp_path, reg
         rollout=RolloutConfig(backend="alternating", group_size=2, tasks_per_step=4,
                               max_new_tokens=16, max_turns=1, context_tokens=256,
                               enable_thinking=False),
-        steps=1, checkpoint_every=0, eval_every=0)
+        steps=1, checkpoint_every=0, eval_every=1)
     history = train(cfg)
     (sampler,) = registered
-    assert [h["phase"] for h in history] == ["eval", "rl"]
-    evaluation, step = history
+    assert [h["phase"] for h in history] == ["eval", "rl", "eval"]  # step 0 and the final
+    evaluation, step, _ = history
     # Step-0 evaluation: 4 tasks x 1 sample, answered yes, no, yes, no.
     assert evaluation["accuracy"] == 0.5 and evaluation["rollout/requests"] == 4
     # The step: 4 tasks x 2 rollouts (8 rows: the 8-device mesh), one right and one wrong in
@@ -125,7 +125,7 @@ def test_a_new_env_and_sampler_backend_train_one_step_and_evaluate(tmp_path, reg
     assert sampler.published == ["0", "1"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
             .splitlines()]
-    assert [r["phase"] for r in rows] == ["eval", "rl"]
+    assert [r["phase"] for r in rows] == ["eval", "rl", "eval"]
 
     # The same parts measured by `orchestrax eval`'s evaluation.
     task_set = load_task_set(EchoConfig(num_tasks=3), TaskSetOptions(preferences=False))

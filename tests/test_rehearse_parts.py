@@ -2,6 +2,7 @@
 its warm-start conversations, its refusals."""
 
 import argparse
+import dataclasses
 import json
 import pathlib
 
@@ -19,20 +20,23 @@ def test_endpoints_and_warm_start_conversations(tmp_path, monkeypatch):
     bases = {e.base_url for e in rehearse._endpoints(cfg)}
     assert bases == {"http://127.0.0.1:40010/v1", "http://127.0.0.1:40011/v1"}
     assert len(set(cfg.rollout.server_urls)) == 2
+    # The warm start through the real sandbox and local search (the LLM tools need the
+    # rehearsal's expert servers): every tool called, its real observation in the record.
+    from orchestrax import registry
+    tools = registry.build_catalog(dataclasses.replace(cfg.tools, llms=()))
     path = tmp_path / "sft.jsonl"
-    n = rehearse.write_sft_data(cfg, path)
+    counts = rehearse.write_sft_data(cfg, path, tools, limit=6)
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert n == len(records) > 0
-    names = {t.name for t in cfg.tools.llms} | {"python", "local_search"}
-    called = set()
+    assert counts == {"local_search": 3, "python": 3} and len(records) == 6
     for r in records:
         roles = [m["role"] for m in r["messages"]]
         assert roles[-3:] == ["assistant", "tool", "assistant"]
         call = r["messages"][-3]["content"]
         assert call.startswith("<tool_call>\n") and call.endswith("\n</tool_call>")
-        called.add(json.loads(call[len("<tool_call>\n"):-len("\n</tool_call>")])["name"])
+        name = json.loads(call[len("<tool_call>\n"):-len("\n</tool_call>")])["name"]
+        seen = r["messages"][-2]["content"]
+        assert seen.strip() == "42" if name == "python" else seen.startswith("[1] ")
         assert r["messages"][-1]["content"].startswith("<answer>")
-    assert called == names  # every tool of the catalog, round robin
 
 
 def test_bad_rehearsal_configs_are_named(tmp_path):

@@ -43,7 +43,7 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
         agent=AgentConfig(mode="subagent", thinking="none", orchestrator_turns=2,
                           orchestrator_new_tokens=16, subagent_steps=1, subagent_new_tokens=8,
                           sandbox=sandbox, search_corpus=str(corpus)),
-        steps=1, checkpoint_every=1, eval_every=0)
+        steps=1, checkpoint_every=1, eval_every=1)
     trainer = Trainer(cfg)
     assert trainer.eval_tasks and trainer.train_tasks
     history = trainer.run()

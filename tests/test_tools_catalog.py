@@ -171,3 +171,22 @@ def test_catalog_inside_an_event_loop_needs_a_prebuilt_index(shared_data):
 
     with pytest.raises(RuntimeError, match="search_index="):
         asyncio.run(inside())
+
+
+@needs_bwrap
+def test_nominal_clock_charges_the_spec_latency_not_the_wall_time(shared_data, tmp_path):
+    search = SearchIndexConfig(corpus_path=str(shared_data / "corpus" / "wiki_summaries_en.json"),
+                               backend="bm25", cache_dir=str(tmp_path), titles=("Paris",))
+    tools = build_catalog(CatalogConfig(search=search, web=None, clock="nominal"))
+    sheet = load_sheet("train_list")
+    py = asyncio.run(tools["python"]({"code": "import time; time.sleep(0.3); print(1)"}))
+    assert py.observation.strip() == "1"
+    # 0.1 s whatever the sandbox took (over 0.3 s here): cost = per-call + per-second x 0.1
+    price = sheet.tools["python"]
+    assert py.latency == 0.1 and py.cost == price.cost(seconds=0.1)
+    hit = asyncio.run(tools["local_search"]({"query": "Paris"}))
+    assert hit.latency == tools["local_search"].spec.latency_s == 0.05
+    measured = build_catalog(CatalogConfig(search=None, web=None))["python"]
+    assert asyncio.run(measured({"code": "import time; time.sleep(0.3)"})).latency >= 0.3
+    with pytest.raises(ValueError, match=r"CatalogConfig.clock='wall'; allowed: measured, nominal"):
+        CatalogConfig(clock="wall")

@@ -76,17 +76,17 @@ def test_sft_then_grpo_then_resume(tmp_path):
 
 @pytest.mark.slow
 def test_init_from_starts_rl_from_another_runs_params(tmp_path):
-    warm = tiny_run(tmp_path / "warm", steps=0)
-    train(warm)
+    warm = dataclasses.replace(tiny_run(tmp_path / "warm", steps=0), eval_every=1)
+    train(warm)  # SFT, then the step-0 eval of its result (eval_every=0 would skip it)
     _, meta = Checkpointer(tmp_path / "warm" / "checkpoints", every=0).restore(
         _abstract_state(warm))
     assert (meta["phase"], meta["step"]) == ("sft", 4)
     rows = len((tmp_path / "warm" / "metrics.jsonl").read_text().splitlines())
     assert 0 < meta["metrics_rows"] <= rows
     rl_cfg = dataclasses.replace(tiny_run(tmp_path / "rl", steps=1, sft_steps=0),
-                                 init_from=str(tmp_path / "warm"))
+                                 init_from=str(tmp_path / "warm"), eval_every=1)
     history = train(rl_cfg)
-    assert [h["phase"] for h in history] == ["eval", "rl"]
+    assert [h["phase"] for h in history] == ["eval", "rl", "eval"]
     first_eval = history[0]
     warm_eval = [json.loads(x) for x in (tmp_path / "warm" / "metrics.jsonl").read_text()
                  .splitlines() if json.loads(x)["phase"] == "eval"][-1]

@@ -139,3 +139,18 @@ def test_metrics_are_copied_whole_to_a_mirror_and_resumed_from_it(tmp_path):
     assert [r["step"] for r in log.read()] == [1, 2]
     assert len((mirror / "metrics.jsonl").read_text().splitlines()) == 2
     log.close()
+
+
+def test_tool_totals_put_nameless_calls_under_one_key():
+    from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
+    from orchestrax.rl.batch import tool_totals
+
+    def call(name, cost):
+        return ToolCallRecord(name=name, arguments={}, observation="", cost=cost, ok=bool(name))
+
+    traj = Trajectory(task_id="t", turns=[
+        TurnRecord(text="", tool_calls=[call("python", 0.5), call("", 0.25)]),
+        TurnRecord(text="", tool_calls=[call("a/b", 0.0), call("python", 0.25), call(" ", 0.0)])])
+    assert tool_totals([traj]) == {
+        "tools/python/calls": 2.0, "tools/python/cost_usd": 0.75,
+        "tools/_malformed/calls": 3.0, "tools/_malformed/cost_usd": 0.25}

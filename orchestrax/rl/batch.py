@@ -60,14 +60,27 @@ def pack(sequences: Sequence[Any], *, pad_id: int, max_len: int,
 
 def tool_totals(trajectories: Iterable[Any]) -> dict[str, float]:
     """Calls and dollars per tool over `trajectories` (failed calls counted, at what they
-    cost): `tools/<name>/calls`, `tools/<name>/cost_usd`."""
+    cost): `tools/<name>/calls`, `tools/<name>/cost_usd`. A call without a usable name (empty,
+    a '/', unprintable or over 64 characters) counts under `tools/_malformed/`."""
     out: dict[str, float] = {}
     for traj in trajectories:
         for call in traj.tool_calls:
-            calls, cost = f"tools/{call.name}/calls", f"tools/{call.name}/cost_usd"
+            name = metric_name(call.name)
+            calls, cost = f"tools/{name}/calls", f"tools/{name}/cost_usd"
             out[calls] = out.get(calls, 0.0) + 1
             out[cost] = out.get(cost, 0.0) + float(call.cost)
     return out
+
+
+MALFORMED = "_malformed"
+
+
+def metric_name(name: object) -> str:
+    """`name` as one metrics-key segment, or MALFORMED where it cannot be one."""
+    if (isinstance(name, str) and name.strip() and name.isprintable() and "/" not in name
+            and len(name) <= 64):
+        return name
+    return MALFORMED
 
 
 def direct_batch(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,

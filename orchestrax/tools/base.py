@@ -13,6 +13,20 @@ from typing import Any, Literal, Protocol
 
 Category = Literal["basic", "specialist", "generalist", "domain"]
 PricingKind = Literal["per_call", "per_second", "per_token"]
+# The seconds a locally run tool is charged: wall time measured here, or its spec's nominal.
+Clock = Literal["measured", "nominal"]
+CLOCKS = ("measured", "nominal")
+
+
+def check_clock(clock: str) -> str:
+    if clock not in CLOCKS:
+        raise ValueError(f"clock={clock!r}; allowed: {', '.join(CLOCKS)}")
+    return clock
+
+
+def clocked(clock: str, measured: float, nominal: float) -> float:
+    """The seconds to charge under `clock`."""
+    return measured if clock == "measured" else nominal
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

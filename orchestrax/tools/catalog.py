@@ -10,7 +10,8 @@ import asyncio
 import dataclasses
 import logging
 
-from orchestrax.tools.base import Tool
+from orchestrax.checks import one_of
+from orchestrax.tools.base import CLOCKS, Clock, Tool
 from orchestrax.tools.llm_tool import LLMTool, LLMToolConfig
 from orchestrax.tools import local_search, python_tool, web_search
 from orchestrax.tools.sandbox import SandboxConfig
@@ -29,8 +30,13 @@ class CatalogConfig:
     web: web_search.WebSearchConfig | None = web_search.WebSearchConfig()
     llms: tuple[LLMToolConfig, ...] = ()
     sheet: str = "train_list"
+    # The seconds a tool that runs here (sandbox, local search, the coder's sandbox run) is
+    # charged and billed by: "measured" wall time, or "nominal" (its spec's latency): the same
+    # call then costs the same under any load, so a rerun of a step reproduces its rewards.
+    clock: Clock = "measured"
 
     def __post_init__(self):
+        one_of(self, "clock", self.clock, CLOCKS)
         names = [c.name for c in self.llms]
         dupes = sorted({n for n in names if names.count(n) > 1}
                        | (set(names) & {"python", "local_search", "web_search"}))
@@ -45,7 +51,8 @@ def build_catalog(config: CatalogConfig, *,
     tools: dict[str, Tool] = {}
     if config.python is not None:
         tools["python"] = python_tool.PythonTool(
-            config.python, pricing=sheet.tool_pricing("python", python_tool.DEFAULT_PRICING))
+            config.python, pricing=sheet.tool_pricing("python", python_tool.DEFAULT_PRICING),
+            clock=config.clock)
     if search_index is None and config.search is not None:
         try:
             asyncio.get_running_loop()
@@ -56,7 +63,8 @@ def build_catalog(config: CatalogConfig, *,
                                "loop; pass search_index=await build_index_async(config.search)")
     if search_index is not None:
         tools["local_search"] = local_search.LocalSearchTool(
-            search_index, pricing=sheet.tool_pricing("local_search", local_search.DEFAULT_PRICING))
+            search_index, pricing=sheet.tool_pricing("local_search", local_search.DEFAULT_PRICING),
+            clock=config.clock)
     if config.web is not None:
         if config.web.api_key() is None:
             log.info("web_search left out of the catalog: $%s is not set", config.web.api_key_env)
@@ -65,5 +73,6 @@ def build_catalog(config: CatalogConfig, *,
                 config.web, pricing=sheet.tool_pricing("web_search", web_search.DEFAULT_PRICING))
     for llm in config.llms:
         tools[llm.name] = LLMTool(llm, sheet.model_pricing(llm.pricing_key),
-                                  sheet.model_seconds_per_token(llm.pricing_key))
+                                  sheet.model_seconds_per_token(llm.pricing_key),
+                                  clock=config.clock)
     return tools

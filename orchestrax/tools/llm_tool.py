@@ -14,7 +14,9 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from orchestrax.tools.base import Category, Pricing, ToolResult, ToolSpec
+from orchestrax.tools.base import (Category, Clock, Pricing, ToolResult, ToolSpec, check_clock,
+                                   clocked)
+from orchestrax.tools import python_tool
 from orchestrax.tools.chat_client import ChatEndpoint, chat
 from orchestrax.tools.sandbox import SandboxConfig, check_available, run_python
 from orchestrax.tools.specs import check_arguments, object_schema
@@ -94,7 +96,7 @@ def llm_spec(config: LLMToolConfig, pricing: Pricing) -> ToolSpec:
 
 class LLMTool:
     def __init__(self, config: LLMToolConfig, pricing: Pricing,
-                 seconds_per_token: float | None = None):
+                 seconds_per_token: float | None = None, *, clock: Clock = "measured"):
         if pricing.kind != "per_token":
             raise ValueError(f"LLM tool {config.name!r}: pricing.kind={pricing.kind!r}; "
                              "LLM tools are billed 'per_token'")
@@ -103,6 +105,7 @@ class LLMTool:
         self.config = config
         self.spec = llm_spec(config, pricing)
         self.seconds_per_token = seconds_per_token
+        self.clock = check_clock(clock)
 
     def latency(self, output_tokens: int) -> float:
         """Seconds charged for a reply of `output_tokens` tokens (see the module docstring)."""
@@ -130,7 +133,7 @@ class LLMTool:
                 observation = f"[the model wrote no ```python block]\n{reply.text}"
             else:
                 run = await run_python(code, self.config.sandbox)
-                seconds += run.seconds
+                seconds += clocked(self.clock, run.seconds, python_tool.NOMINAL_S)
                 observation = f"```python\n{code}\n```\nOutput:\n{run.observation()}"
         return ToolResult(observation=observation or "[empty reply]", cost=cost, latency=seconds,
                           input_tokens=reply.input_tokens, output_tokens=reply.output_tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrax.tools.base import Pricing, ToolResult, ToolSpec
+from orchestrax.tools.base import Clock, Pricing, ToolResult, ToolSpec, check_clock, clocked
 from orchestrax.tools.search_index import SearchIndex
 from orchestrax.tools.specs import check_arguments, object_schema
 
@@ -37,18 +37,20 @@ def format_hits(hits, passage_chars: int) -> str:
 
 class LocalSearchTool:
     def __init__(self, index: SearchIndex, *, pricing: Pricing = DEFAULT_PRICING,
-                 default_k: int = 5, passage_chars: int = 600, name: str = "local_search"):
+                 default_k: int = 5, passage_chars: int = 600, name: str = "local_search",
+                 clock: Clock = "measured"):
         if not 1 <= default_k <= MAX_K:
             raise ValueError(f"LocalSearchTool default_k={default_k}; must be in [1, {MAX_K}]")
         if passage_chars <= 0:
             raise ValueError(f"LocalSearchTool passage_chars={passage_chars}; must be > 0")
         self.index, self.default_k, self.passage_chars = index, default_k, passage_chars
+        self.clock = check_clock(clock)
         self.spec = local_search_spec(pricing, name=name)
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolResult:
         args = check_arguments(self.spec, arguments)
         t0 = time.monotonic()
         hits = await self.index.search(args["query"], args.get("k", self.default_k))
-        seconds = time.monotonic() - t0
+        seconds = clocked(self.clock, time.monotonic() - t0, self.spec.latency_s)
         return ToolResult(observation=format_hits(hits, self.passage_chars), latency=seconds,
                           cost=self.spec.pricing.cost(seconds=seconds))

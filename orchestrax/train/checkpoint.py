@@ -260,6 +260,11 @@ class Checkpointer:
             (self.directory / str(bad.step)).rename(target)
         self._mngr.reload()
 
+    def commit(self) -> None:
+        """Wait for the save in flight (if any) to commit and write its manifest, so a crash in
+        what follows (a long eval) cannot take the step with it."""
+        self._finish_pending()
+
     def close(self) -> None:
         """Wait for the last save to commit, then release Orbax's threads."""
         self._finish_pending()

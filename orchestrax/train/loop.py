@@ -267,7 +267,7 @@ class Trainer:
         history = []
         self._setup_reference()
         await self._publish_weights()
-        if self.step == 0:
+        if self.step == 0 and cfg.eval_every:
             history.append(self._log(await self._evaluate()))
         bar = progress(cfg.steps, self.step, "GRPO")
         while self.step < cfg.steps:
@@ -367,6 +367,7 @@ class Trainer:
     async def _evaluate(self) -> dict[str, Any]:
         """Rollouts on the eval split (greedy unless eval_temperature > 0): accuracy, cost,
         latency and the env's own stats."""
+        self.ckpt.commit()  # the checkpoint before it is whole before the eval's minutes
         tasks = list(self.eval_tasks)
         groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
                                               temperature=self.cfg.eval_temperature)

@@ -23,6 +23,7 @@ and gets SIGKILL if this process dies; all are stopped on exit, Ctrl-C or failur
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -131,38 +132,69 @@ def start_servers(cfg: TrainConfig, out: pathlib.Path, fleet: Fleet,
     return {"rollout": rollout, "experts": experts, "router": router}
 
 
-TOOL_ARGUMENTS = {"python": {"code": "print(6 * 7)"}, "local_search": {"query": "history"}}
+def _question(task: Any) -> str:
+    text = next((m["content"] for m in reversed(task.messages) if m["role"] == "user"), "")
+    return " ".join(str(text).split()[:24]) or "What is 6 times 7?"
 
 
-def write_sft_data(cfg: TrainConfig, path: pathlib.Path) -> int:
-    """Warm-start conversations over the run's train tasks: each calls one of the catalog's
-    tools (round robin) with a fixed short argument, reads a stand-in observation and answers
-    (the gold answer where the task has one). The warm start only teaches the tool-call
-    format, as the paper's does; returns the number of records."""
-    from orchestrax import registry
+def tool_arguments(name: str, task: Any) -> dict[str, Any]:
+    """A short, valid call of tool `name` for `task`: code for the sandbox, the question as
+    the search query or as the LLM's query."""
+    if name == "python":
+        return {"code": "print(6 * 7)"}
+    return {"query": _question(task)}
+
+
+async def _observe(tools: dict[str, Any], calls: list[tuple[str, dict[str, Any]]],
+                   concurrency: int = 4) -> list[str]:
+    """Each call run through the real tool; a failed call's observation is its error text, as
+    the executor would show it."""
+    from orchestrax.tools.base import ToolError
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(name: str, args: dict[str, Any]) -> str:
+        async with gate:
+            try:
+                return (await tools[name](args)).observation
+            except ToolError as e:
+                return f"Error: tool {name!r} failed: {e}"
+
+    return await asyncio.gather(*(one(n, a) for n, a in calls))
+
+
+def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
+                   limit: int | None = None) -> dict[str, int]:
+    """Warm-start conversations over the run's train tasks (the first `limit`): each calls one
+    tool of `tools` (round robin, so every kind is demonstrated), with the observation the real
+    tool returned, then answers (the gold answer where the task has one). The warm start
+    teaches the tool-call format, as the paper's does. Returns the calls per tool."""
     from orchestrax.train import setup
     env = setup.make_env(cfg)
-    names = sorted(registry.build_catalog(cfg.tools)) if cfg.tools is not None else []
+    names = sorted(tools)
     if not names:
         raise ValueError("rehearsal: the config has no tools to warm-start calls to")
-    lines = []
-    for i, task in enumerate(env.tasks("train")):
-        name = names[i % len(names)]
-        call = {"name": name, "arguments": TOOL_ARGUMENTS.get(name, {"query": "help"})}
+    tasks = env.tasks("train")[:limit]
+    calls = [(names[i % len(names)], tool_arguments(names[i % len(names)], t))
+             for i, t in enumerate(tasks)]
+    observations = asyncio.run(_observe(tools, calls))
+    lines, counts = [], {}
+    for task, (name, args), seen in zip(tasks, calls, observations):
         messages = [dict(m) for m in task.messages]
         if messages[-1]["role"] != "user":  # tau2: the simulated user opens
             messages.append({"role": "user", "content": "Hi, I need help with an order."})
         answer = task.answer[0] if task.answer else "Done."
+        call = {"name": name, "arguments": args}
         messages += [{"role": "assistant",
                       "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-                     {"role": "tool", "content": "ok"},
+                     {"role": "tool", "content": seen},
                      {"role": "assistant", "content": f"<answer>{answer}</answer>"}]
         lines.append(json.dumps({"messages": messages}))
+        counts[name] = counts.get(name, 0) + 1
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.rename(path)
-    return len(lines)
+    return counts
 
 
 def _trainer_argv(spec: str, sets: Sequence[str]) -> list[str]:
@@ -322,16 +354,13 @@ def run(args: argparse.Namespace) -> int:
     fleet = Fleet(out / "logs")
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        with _phase(seconds, "data"):
-            # In a child: this process forks the others, and a forked JAX process can deadlock.
-            child = fleet.start("prepare", [sys.executable, "-m", "orchestrax.train.rehearse",
-                                            args.config, *sets], env=_python_env())
-            if child.proc.wait() != 0:
-                raise RuntimeError(f"preparing the rehearsal failed:\n{child.tail()}")
-            fleet.children.remove(child)
-            print(child.tail(400).strip(), flush=True)
+        # In children: this process forks the others, and a forked JAX process can deadlock.
+        with _phase(seconds, "start_model"):
+            _prepare_child(fleet, "model", args.config, sets)
         with _phase(seconds, "servers"):
             servers = start_servers(cfg, out, fleet, deadline)
+        with _phase(seconds, "data"):  # the tools' real replies: the expert servers are up
+            _prepare_child(fleet, "data", args.config, sets)
         with _phase(seconds, "train"):
             info = train(cfg, args.config, sets, out, fleet, args.processes,
                          args.kill_after_step, deadline)
@@ -372,14 +401,28 @@ def _phase(seconds: dict[str, float], name: str):
         seconds[name] = round(time.monotonic() - t0, 1)
 
 
-def prepare(spec: str, sets: Sequence[str]) -> None:
-    """The rollout servers' start checkpoint and the warm-start JSONL, where absent."""
+def _prepare_child(fleet: Fleet, what: str, spec: str, sets: Sequence[str]) -> None:
+    child = fleet.start(f"prepare-{what}", [sys.executable, "-m", "orchestrax.train.rehearse",
+                                            what, spec, *sets], env=_python_env())
+    if child.proc.wait() != 0:
+        raise RuntimeError(f"preparing the rehearsal ({what}) failed:\n{child.tail()}")
+    fleet.children.remove(child)
+    print(child.tail(400).strip(), flush=True)
+
+
+def prepare(what: str, spec: str, sets: Sequence[str]) -> None:
+    """`model`: the rollout servers' start checkpoint; `data`: the warm-start JSONL through the
+    config's real tools (the expert servers must be up); each only where absent."""
     cfg = apply_overrides(load_config(spec), sets)
-    _start_model(cfg, pathlib.Path(cfg.out_dir) / "start_model")
-    if cfg.sft_data and not pathlib.Path(cfg.sft_data[0]).exists():
-        n = write_sft_data(cfg, pathlib.Path(cfg.sft_data[0]))
-        print(f"rehearsal: {n} warm-start conversations in {cfg.sft_data[0]}")
+    if what == "model":
+        _start_model(cfg, pathlib.Path(cfg.out_dir) / "start_model")
+    elif cfg.sft_data and not pathlib.Path(cfg.sft_data[0]).exists():
+        from orchestrax import registry
+        counts = write_sft_data(cfg, pathlib.Path(cfg.sft_data[0]),
+                                registry.build_catalog(cfg.tools))
+        print(f"rehearsal: {sum(counts.values())} warm-start conversations in "
+              f"{cfg.sft_data[0]}, calls per tool {counts}")
 
 
 if __name__ == "__main__":
-    prepare(sys.argv[1], sys.argv[2:])
+    prepare(sys.argv[1], sys.argv[2], sys.argv[3:])

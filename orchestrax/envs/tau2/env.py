@@ -19,7 +19,7 @@ from orchestrax.envs.base import EnvConfig, Environment
 from orchestrax.envs.tau2.domain import Tau2Domain, load_domain
 from orchestrax.envs.tau2.telecom import TelecomDomain
 from orchestrax.envs.tau2.telecom_sim import EpisodeBook
-from orchestrax.envs.tau2.user import GREETING, LLMUser
+from orchestrax.envs.tau2.user import GREETING, LLMUser, ScriptedUser, render_scenario
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
 from orchestrax.tools.base import Tool
 from orchestrax.tools.randomize import instance_tools
@@ -49,7 +49,7 @@ class Tau2Config(EnvConfig):
 
 class Tau2Env(Environment):
     """`domain`: a loaded Tau2Domain or its folder. Without `user_endpoint` there is no
-    simulated user (`user_for` returns None; tests use ScriptedUser). `completeness=False`
+    simulated user (`user_for` gives a scripted one who states the task's scenario once). `completeness=False`
     scores exactly as tau2-bench does (for reporting benchmark numbers); True adds the
     ToolScale operation-completeness check (for training). `tools`: the orchestrator's own
     catalog (LLMs, search, code), offered next to the domain's functions; calls to them do not
@@ -103,9 +103,13 @@ class Tau2Env(Environment):
             return self._telecom.user(self.raw(task), self.user_endpoint)
         return LLMUser(self.raw(task), self.user_endpoint)
 
-    def user_for(self, task: Task) -> UserResponder | None:
-        """The agent loop's hook: an LLM user per episode, or None without an endpoint."""
-        return None if self.user_endpoint is None else self.user(task)
+    def user_for(self, task: Task) -> UserResponder:
+        """The agent loop's hook: an LLM user per episode; without an endpoint, a user who
+        opens with the task's scenario (its instructions as text) and stops at the next reply,
+        so the episode still has the request to work on."""
+        if self.user_endpoint is None:
+            return ScriptedUser([render_scenario(self.raw(task))])
+        return self.user(task)
 
     async def open(self, task: Task, user: UserResponder) -> Task:
         """`task` with the agent's greeting and the user's first message appended."""
