@@ -85,6 +85,22 @@ def _synth_parser(sub: argparse._SubParsersAction) -> None:
     add_arguments(p)
 
 
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.train.export import add_arguments
+    p = sub.add_parser("export", argument_default=argparse.SUPPRESS,
+                       help="a training run's checkpoint as a Hugging Face directory")
+    add_config_arguments(p)
+    add_arguments(p)
+
+
+def _index_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.tools.index_command import add_arguments
+    p = sub.add_parser("index", argument_default=argparse.SUPPRESS,
+                       help="build (or find cached) the local-search index over a corpus")
+    add_config_arguments(p)
+    add_arguments(p)
+
+
 def _rehearse_parser(sub: argparse._SubParsersAction) -> None:
     from orchestrax.train.rehearse import add_arguments
     add_arguments(sub.add_parser("rehearse", help="the whole recipe in miniature on this "
@@ -98,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _eval_parser(sub)
     _synth_parser(sub)
+    _export_parser(sub)
+    _index_parser(sub)
     _rehearse_parser(sub)
     for p in sub.choices.values():
         p.add_argument("--debug", action="store_true", default=False,
@@ -127,9 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def command_config(args: argparse.Namespace) -> Any:
-    """The config a parsed `serve`, `eval` or `synth` command line says: --config's function
-    (else the command's defaults), then --set and the shorthand flags given."""
+    """The config a parsed `serve`, `eval`, `synth`, `export` or `index` command line says:
+    --config's function (else the command's defaults), then --set and the shorthand flags
+    given."""
     from orchestrax.train import overrides, serve
+    if args.command == "export":
+        from orchestrax.train import export
+        return overrides.from_args(args, export.ExportCommand, export.config)
+    if args.command == "index":
+        from orchestrax.tools import index_command
+        return overrides.from_args(args, index_command.IndexCommand, index_command.config)
     if args.command == "synth":
         from orchestrax.synth import main as synth_main
         return overrides.from_args(args, synth_main.SynthCommand, synth_main.config)
@@ -158,6 +183,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "synth":
         from orchestrax.synth.main import run as run_synth
         return run_synth(command_config(args))
+    if args.command == "export":
+        from orchestrax.train.export import run as run_export
+        return run_export(command_config(args))
+    if args.command == "index":
+        from orchestrax.tools.index_command import run as run_index
+        return run_index(command_config(args))
     from orchestrax.eval.main import run as run_eval
     return run_eval(command_config(args))
 

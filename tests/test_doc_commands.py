@@ -40,7 +40,8 @@ COMMANDS = _commands()
 
 def test_the_docs_have_commands():
     assert sum(c.startswith("orchestrax eval") for _, c in COMMANDS) >= 4
-    assert any(c.startswith("python tools/export_hf.py") for _, c in COMMANDS)
+    assert any(c.startswith("orchestrax export") for _, c in COMMANDS)
+    assert any(c.startswith("orchestrax index") for _, c in COMMANDS)
 
 
 @pytest.mark.parametrize("doc,command", [c for c in COMMANDS if c[1].startswith("orchestrax")])

@@ -153,3 +153,32 @@ def test_export_refuses_to_write_over_the_run(tmp_path):
     script = runpy.run_path(str(SCRIPT))
     with pytest.raises(script["ExportError"], match="would replace files of the run"):
         script["export"](str(tmp_path / "run"), str(tmp_path / "run" / "model"), overwrite=True)
+
+
+def test_orchestrax_export_is_the_same_command_in_the_one_config_dialect(tmp_path, capsys):
+    """`orchestrax export RUN OUT --dtype bfloat16` and its --set form write the same export
+    as tools/export_hf.py; the positional directories are shorthands of ExportCommand's
+    fields."""
+    from orchestrax.cli import build_parser, command_config, main
+    from orchestrax.train.export import ExportCommand
+
+    make_run(tmp_path / "run")
+    args = build_parser().parse_args(["export", str(tmp_path / "run"), str(tmp_path / "a"),
+                                      "--dtype", "bfloat16", "--step", "1"])
+    sets = build_parser().parse_args(["export", "--set", f"run_dir={tmp_path / 'run'}",
+                                      "--set", f"out_dir={tmp_path / 'a'}",
+                                      "--set", "dtype=bfloat16", "--set", "step=1"])
+    want = ExportCommand(run_dir=str(tmp_path / "run"), out_dir=str(tmp_path / "a"),
+                         dtype="bfloat16", step=1)
+    assert command_config(args) == command_config(sets) == want
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "a"), "--dtype",
+                 "bfloat16"]) == 0
+    export(str(tmp_path / "run"), str(tmp_path / "b"), dtype="bfloat16")
+    assert ((tmp_path / "a" / "model.safetensors").read_bytes()
+            == (tmp_path / "b" / "model.safetensors").read_bytes())
+    # a user error is one line naming what to do, as from every command
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "a")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]   # (in-process: log lines above)
+    assert last.startswith("orchestrax export: error:") and "--overwrite" in last
+    assert main(["export", str(tmp_path / "run")]) == 2
+    assert "ExportCommand.out_dir=''; must be given (OUT_DIR)" in capsys.readouterr().err

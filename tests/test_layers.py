@@ -31,7 +31,7 @@ ALLOWED = {
     "eval": {"agent", "data", "envs", "models", "parallel", "registry", "rl", "rollout", "tools",
              "train"},
     "synth": {"envs", "tools"},                  # not the trainer
-    "cli": {"eval", "registry", "rollout", "synth", "train"},
+    "cli": {"eval", "registry", "rollout", "synth", "tools", "train"},
 }
 # The one validation module: every package may import it, and it imports none of them.
 FOUNDATION = "checks"

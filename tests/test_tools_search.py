@@ -75,11 +75,11 @@ def test_dense_recall_at_5_with_the_real_embedder(corpus_path, passages, minilm,
 @pytest.mark.slow
 def test_dense_recall_at_5_on_the_full_corpus(corpus_path, passages, minilm):
     """The full 10,033-article index from the default cache; build it once with
-    `python tools/build_search_index.py --corpus ../shared/data/corpus/wiki_summaries_en.json`
+    `orchestrax index --corpus ../shared/data/corpus/wiki_summaries_en.json`
     (~15 min on a shared 2-core box), which is too slow to do inside a test run."""
     cfg = SearchIndexConfig(corpus_path=corpus_path)
     if cached_index_dir(cfg) is None:
-        pytest.skip("full dense index not built; run tools/build_search_index.py first")
+        pytest.skip("full dense index not built; run orchestrax index --corpus ... first")
     index = asyncio.run(build_index_async(cfg, progress=False, embedder=minilm))
     assert len(index.passages) == 10033
     recall = asyncio.run(recall_at_k(index, derive_queries(passages, 50, seed=0), k=5))

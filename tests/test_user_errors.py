@@ -146,3 +146,42 @@ def test_synth_flags_are_shorthands_of_its_config_fields(capsys):
     assert "SynthCommand.out=''; must be given (--out DIR)" in line
     line = one_line_error(capsys, ["synth", "--out", "x", "--set", "concurrency=many"])
     assert "concurrency='many'; expected an int" in line
+
+
+def test_index_flags_are_shorthands_of_its_config_fields(capsys, tmp_path):
+    """`orchestrax index` in the one dialect, then a real bm25 index over a 3-passage corpus
+    (built, cached, queried) from the flags."""
+    import json
+
+    from orchestrax.cli import build_parser, command_config
+    from orchestrax.tools.embed import EmbedderConfig
+    from orchestrax.tools.index_command import IndexCommand
+
+    def cfg(*argv):
+        return command_config(build_parser().parse_args(["index", *argv]))
+    flags = cfg("--corpus", "c.jsonl", "--embedder", "openai", "--base-url", "http://h:1",
+                "--model", "m", "--batch-size", "8", "--cache-dir", "/tmp/x", "--query", "a",
+                "--query", "b")
+    sets = cfg("--set", "corpus=c.jsonl", "--set", "embedder.kind=openai",
+               "--set", "embedder.base_url=http://h:1", "--set", "embedder.model=m",
+               "--set", "embedder.batch_size=8", "--set", "cache_dir=/tmp/x",
+               "--set", "queries=('a', 'b')")
+    assert flags == sets == IndexCommand(
+        corpus="c.jsonl", cache_dir="/tmp/x", queries=("a", "b"),
+        embedder=EmbedderConfig(kind="openai", base_url="http://h:1", model="m", batch_size=8,
+                                torch_threads=2))
+    line = one_line_error(capsys, ["index", "--backend", "bm25"])
+    assert "IndexCommand.corpus=''; must be given (--corpus FILE)" in line
+    line = one_line_error(capsys, ["index", "--corpus", "c", "--set", "backend=faiss"])
+    assert "IndexCommand.backend='faiss'; allowed: dense, bm25" in line
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in (
+        {"title": "Volcano", "text": "A volcano erupts lava and ash."},
+        {"title": "Glacier", "text": "A glacier is a slow river of ice."},
+        {"title": "Desert", "text": "A desert gets little rain."})))
+    assert cli(["index", "--corpus", str(corpus), "--backend", "bm25", "--cache-dir",
+                str(tmp_path / "cache"), "--query", "river of ice"]) == 0
+    out = capsys.readouterr().out
+    assert "index ready: 3 passages" in out
+    assert out.split("'river of ice':")[1].split()[1] == "Glacier"   # the top hit's title

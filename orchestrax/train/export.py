@@ -1,7 +1,11 @@
 """Export a training run's checkpoint as a Hugging Face directory that transformers loads.
 
-    python tools/export_hf.py RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite]
+    orchestrax export RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite]
+    python tools/export_hf.py RUN_DIR OUT_DIR ...              (the same)
     python -m orchestrax.train.export RUN_DIR OUT_DIR ...      (the same)
+
+Configured as every command is: an `ExportCommand` (`--config` function, `--set field=value`),
+the positional directories and flags being shorthands of its fields.
 
 RUN_DIR is a TrainConfig.out_dir: the trainer keeps `model/` (config.json + tokenizer files) and
 `checkpoints/` (Orbax) there. Only the parameters are read; the optimizer state is skipped.
@@ -12,6 +16,7 @@ export keeps the files it opened; a non-empty OUT_DIR is replaced only with --ov
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -20,11 +25,56 @@ import sys
 import tempfile
 
 from orchestrax import models
-from orchestrax.train import checkpoint, run_info
+from orchestrax.checks import check_fields, one_of, require
+from orchestrax.train import checkpoint, overrides, run_info
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ExportError(Exception):
+class ExportError(ValueError):
     """A user error: the message says which path and what to do."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportCommand:
+    """Everything `orchestrax export` is told: a `--config` function returns one, `--set` and
+    the shorthands (RUN_DIR, OUT_DIR, --step, --dtype, --overwrite) change it."""
+
+    run_dir: str = ""                 # a TrainConfig.out_dir
+    out_dir: str = ""                 # the HF directory to write
+    step: int | None = None           # None: the newest whole checkpoint
+    dtype: str | None = None          # None: the checkpoint's own
+    overwrite: bool = False           # replace a non-empty out_dir (by rename)
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.dtype is not None:
+            one_of(self, "dtype", self.dtype, DTYPES)
+
+
+def config() -> ExportCommand:
+    """What `orchestrax export` starts from without --config (RUN_DIR and OUT_DIR say the
+    rest)."""
+    return ExportCommand()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Shorthands of `ExportCommand` fields (dest = the field); `p` has argument_default
+    SUPPRESS, so one not given is absent."""
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a TrainConfig.out_dir")
+    p.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="the HF directory to write")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the newest whole one)")
+    p.add_argument("--dtype", choices=DTYPES, help="weights' dtype (default: the checkpoint's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty OUT_DIR (by rename: a live server keeps its files)")
+
+
+def run(cmd: ExportCommand) -> int:
+    """Export as `cmd` says; 0 when written."""
+    for name, flag in (("run_dir", "RUN_DIR"), ("out_dir", "OUT_DIR")):
+        require(bool(getattr(cmd, name)), cmd, name, getattr(cmd, name), f"given ({flag})")
+    export(cmd.run_dir, cmd.out_dir, step=cmd.step, dtype=cmd.dtype, overwrite=cmd.overwrite)
+    return 0
 
 
 def export(run_dir: str, out_dir: str, *, step: int | None = None, dtype: str | None = None,
@@ -80,20 +130,17 @@ def _swap_in(new: pathlib.Path, dest: pathlib.Path) -> None:
         old.unlink()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir")
-    ap.add_argument("out_dir")
-    ap.add_argument("--step", type=int)
-    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--overwrite", action="store_true",
-                    help="replace a non-empty OUT_DIR (by rename: a live server keeps its files)")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 argument_default=argparse.SUPPRESS)
+    overrides.add_arguments(ap)
+    add_arguments(ap)
+    ap.add_argument("--debug", action="store_true", default=False,
+                    help="show tracebacks of user errors")
+    args = ap.parse_args(argv)
     try:
-        export(args.run_dir, args.out_dir, step=args.step, dtype=args.dtype,
-               overwrite=args.overwrite)
-    except ExportError as e:
+        run(overrides.from_args(args, ExportCommand, config))
+    except ValueError as e:
         if args.debug:
             raise
         sys.exit(f"export_hf: {e}")
