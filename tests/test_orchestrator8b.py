@@ -5,8 +5,11 @@ loopback; a BM25 index as the retriever; the real sandbox for code), on a script
 on a random tiny Qwen3 through the embedded sampler."""
 
 import asyncio
+import dataclasses
 import json
 import shutil
+
+import numpy as np
 
 import pytest
 
@@ -239,16 +242,22 @@ def test_a_random_tiny_qwen3_plays_the_protocol_token_in_token_out(qa_set):
     traj.check()
 
 
-def test_orchestrax_eval_selects_the_protocol_on_an_hf_dir(qa_set, tmp_path, capsys):
-    from orchestrax.cli import main as cli
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """A random tiny Qwen3 saved as a Hugging Face checkpoint (the released one's layout)."""
     from orchestrax.train.setup import write_model_card
-    tasks, _ = qa_set
+    root = tmp_path_factory.mktemp("hf")
     tok = tiny_qwen3_tokenizer()
     cfg = models.tiny_config(vocab_size=len(tok))
-    write_model_card(tmp_path / "card", cfg, tok)
-    models.save_hf(cfg, models.init_params(cfg, 1), tmp_path / "hf",
-                   tokenizer_dir=tmp_path / "card")
-    base = ["eval", "--policy", str(tmp_path / "hf"), "--tasks", str(tasks), "--agent",
+    write_model_card(root / "card", cfg, tok)
+    models.save_hf(cfg, models.init_params(cfg, 1), root / "hf", tokenizer_dir=root / "card")
+    return root / "hf"
+
+
+def test_orchestrax_eval_selects_the_protocol_on_an_hf_dir(qa_set, tiny_hf, tmp_path, capsys):
+    from orchestrax.cli import main as cli
+    tasks, _ = qa_set
+    base = ["eval", "--policy", str(tiny_hf), "--tasks", str(tasks), "--agent",
             "orchestrator8b", "--max-turns", "1", "--max-new-tokens", "4", "--context-tokens",
             "2048", "--no-progress", "--out", str(tmp_path / "out")]
     assert cli(base) == 2
@@ -295,7 +304,92 @@ def test_an_openai_policy_gets_the_rendered_tools_block_as_text(qa_set):
     assert "Doc 1: [1] Paris" in sent[1]["messages"][1]["content"]
 
 
-def load_experts_row(base_url):
+def load_experts_row(base_url, model="expert"):
     from orchestrax.agent.orchestrator8b_experts import ExpertConfig
     from orchestrax.tools.chat_client import ChatEndpoint
-    return ExpertConfig(endpoint=ChatEndpoint(base_url=base_url, model="expert"))
+    return ExpertConfig(endpoint=ChatEndpoint(base_url=base_url, model=model))
+
+
+def test_every_round_is_a_row_with_its_rollouts_advantage(qa_set):
+    """Two rollouts of one task: search then a right answer (2 rounds), a wrong answer at once
+    (1 round). P weighs the outcome only, so R = (1, 0), A = (+a, -a), and each rollout's rounds
+    are rows carrying its A, loss only on the ids the round sampled."""
+    from orchestrax.agent.orchestrator8b import play_rounds, token_rounds
+    from orchestrax.rl import GRPOConfig
+    from orchestrax.train.orchestrator8b import rounds_batch
+    tasks, search = qa_set
+    tok = tiny_qwen3_tokenizer()
+    codec = Codec(tok)
+    env, task = _env(tasks)
+    task = dataclasses.replace(task, preference=(0.0, 0.0, 1.0, 0.0, 0.0))
+    replies = {"right": "<answer>Paris</answer>", "wrong": "<answer>Lyon</answer>"}
+
+    def expert(body):
+        prompt = body["messages"][-1]["content"]
+        return ("<query>capital of France</query>" if "<query>" in prompt
+                else replies[body["model"]])
+
+    async def go():
+        async with ScriptedChatServer(expert, usage=(10, 2)) as srv:
+            out = []
+            for script, who in (([_call("search", "search-1"), _call("answer", "answer-1")],
+                                 "right"), ([_call("answer", "answer-2")], "wrong")):
+                pool = ExpertPool({"default": load_experts_row(srv.base_url, who)}, codec,
+                                  retriever=tool_retriever(search))
+                rounds = token_rounds(ScriptedSampler(codec, script), codec, EpisodeConfig(),
+                                      task.task_id)
+                traj = await play_rounds(rounds, task, pool, codec, max_rounds=4,
+                                         max_format_errors=2)
+                out.append((traj, await env.verify(task, traj)))
+            return out
+
+    played = asyncio.run(go())
+    groups = [[t for t, _ in played]]
+    outcome = np.array([[o for _, o in played]], np.float32)
+    assert outcome.tolist() == [[1.0, 0.0]]
+    batch, stats = rounds_batch([task], groups, outcome, GRPOConfig(), pad_id=0,
+                                max_turn_tokens=4096, seconds_per_token=0.0)
+    a = batch["advantages"]
+    assert a.shape == (4,) and a[0] == a[1] > 0 and a[2] == -a[0] and a[3] == 0.0
+    assert batch["sample_mask"].tolist() == [1, 1, 1, 0] and stats["flow/turn_samples"] == 3
+    assert batch["rollout_ids"].tolist() == [0, 0, 1, -1]
+    for row, sample in zip(range(3), [s for t in groups[0] for s in t.samples]):
+        n, m = len(sample.prompt_ids), len(sample.output_ids)
+        assert batch["tokens"][row, :n + m].tolist() == sample.prompt_ids + sample.output_ids
+        assert batch["loss_mask"][row].sum() == m and batch["loss_mask"][row, :n].sum() == 0
+    assert stats["tools/search/calls"] == 1 and stats["tools/answer/calls"] == 2
+
+
+@pytest.mark.slow
+def test_train_runs_the_protocol_from_an_hf_checkpoint(qa_set, tiny_hf, tmp_path):
+    """`orchestrax train` with agent.mode='orchestrator8b' and hf_path: one GRPO step on a
+    random tiny Qwen3 (its rounds are format errors, so nothing is kept; the rows are there,
+    8 of them: 2 tasks x 4 rollouts x 1 round, a multiple of the 8 fake devices)."""
+    from orchestrax.rl import GRPOConfig, OptimizerConfig
+    from orchestrax.train.agent_config import AgentConfig
+    from orchestrax.train.config import RolloutConfig, TrainConfig
+    from orchestrax.train.loop import train
+    tasks, _ = qa_set
+    corpus = tasks.parent / "corpus.jsonl"
+    tasks = tmp_path / "capitals.jsonl"
+    tasks.write_text("".join(json.dumps({"id": i, "question": f"The capital of {c}?",
+                                         "answer": a}) + "\n"
+                             for i, (c, a) in enumerate((("France", "Paris"), ("Japan", "Tokyo"),
+                                                         ("Germany", "Berlin"), ("Peru", "Lima"),
+                                                         ("Chile", "Santiago")))))
+    experts = tmp_path / "experts.json"
+    experts.write_text(json.dumps({"default": {"base_url": "http://127.0.0.1:9", "model": "m"}}))
+    cfg = TrainConfig(
+        name="o8b", out_dir=str(tmp_path / "run"), hf_path=str(tiny_hf),
+        grpo=GRPOConfig(num_minibatches=1), optim=OptimizerConfig(lr=1e-3, total_steps=10),
+        rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=4, max_turns=1,
+                              context_tokens=2048),
+        env=QAConfig(path=str(tasks), test_fraction=0.3),
+        agent=AgentConfig(mode="orchestrator8b", experts=str(experts), sandbox=None,
+                          search_corpus=str(corpus)),
+        steps=1, checkpoint_every=1, eval_every=0)
+    (row,) = [h for h in train(cfg) if h["phase"] == "rl"]
+    assert row["flow/turn_samples"] == 8 and row["turns_mean"] == 1.0   # 8 rollouts, 1 round
+    assert row["format_error_rate"] == 1.0
+    with pytest.raises(ValueError, match="mode 'orchestrator8b' needs experts"):
+        AgentConfig(mode="orchestrator8b")

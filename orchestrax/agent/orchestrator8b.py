@@ -12,8 +12,10 @@ the episode ends). The turn's first `<tool_call>` naming a known tool and a slot
 run; a round without one is a format error and the next round starts from the same context.
 
 Token-in/token-out still holds per round: each round's prompt is rendered and tokenised once and
-the sampler's ids are kept as returned. A trajectory keeps its last round's prompt and output as
-its token columns (one valid sequence); every round's text, call, tokens and time are in `turns`.
+the sampler's ids are kept as returned. A `RoundsTrajectory` keeps every round as a training
+sample (`samples`: its exact prompt ids, loss on the ids it sampled, as Flow-GRPO trains sub-agent
+mode's turns) and its last round as its own token columns (one valid sequence); every round's
+text, call, tokens and time are in `turns`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, sample_turn
 from orchestrax.agent.parser import clip, split_thinking, tagged_blocks
+from orchestrax.agent.subagent.orchestrator import TurnSample
 from orchestrax.data.records import Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import Sampler
 
@@ -253,6 +256,13 @@ class Experts(Protocol):
         ...
 
 
+@dataclasses.dataclass(kw_only=True)
+class RoundsTrajectory(Trajectory):
+    """A trajectory of the protocol: its rounds as training samples (token-level policies)."""
+
+    samples: list[TurnSample] = dataclasses.field(default_factory=list)
+
+
 def problem_of(task: Task) -> str:
     """The question: a QA task's own text, else its last user message."""
     question = task.metadata.get("question")
@@ -268,14 +278,14 @@ def problem_of(task: Task) -> str:
 async def play_rounds(generate: RoundGenerator, task: Task, experts: Experts, tokens: Tokens, *,
                       max_rounds: int, max_format_errors: int,
                       budget: ContextBudget = ContextBudget(),
-                      tools: Sequence[Mapping[str, Any]] | None = None) -> Trajectory:
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> RoundsTrajectory:
     """One episode in the protocol: rounds until an `answer` call, `max_rounds`, or
     `max_format_errors` rounds in a row without a usable call."""
     problem = problem_of(task)
     schemas = [dict(t) for t in (tools if tools is not None else default_tools())]
     offered = tuple(t["function"]["name"] for t in schemas)
     context = RoundContext()
-    traj = Trajectory(task_id=task.task_id)
+    traj = RoundsTrajectory(task_id=task.task_id)
     streak = 0
     for n in range(max_rounds):
         messages = round_messages(problem, context.render(problem, tokens, budget))
@@ -283,6 +293,11 @@ async def play_rounds(generate: RoundGenerator, task: Task, experts: Experts, to
         if isinstance(out, str):
             traj.end_reason, traj.error = "error", out
             return traj
+        if out.prompt_ids:
+            traj.samples.append(TurnSample(turn=n, prompt_ids=list(out.prompt_ids),
+                                           output_ids=list(out.output_ids),
+                                           logprobs=list(out.logprobs),
+                                           prompt_text=messages[1]["content"]))
         traj.prompt_len = len(out.prompt_ids)
         traj.token_ids = [*out.prompt_ids, *out.output_ids]
         traj.loss_mask = [0] * len(out.prompt_ids) + [1] * len(out.output_ids)

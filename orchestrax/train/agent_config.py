@@ -11,7 +11,7 @@ import dataclasses
 from orchestrax.agent.subagent import SystemConfig
 from orchestrax.checks import at_least, at_least_or_none, one_of
 
-MODES = ("direct", "subagent")
+MODES = ("direct", "subagent", "orchestrator8b")
 FLOW_AGGS = ("rollout-turn-token-mean", "token-mean")
 
 
@@ -19,7 +19,9 @@ FLOW_AGGS = ("rollout-turn-token-mean", "token-mean")
 class AgentConfig(SystemConfig):
     """How episodes are played. "direct": one agent holds every tool (agent/episode.py);
     "subagent": the orchestrator + sub-agents system (its `SystemConfig` settings: thinking,
-    memory, exclude, sub-agent budget), trained with Flow-GRPO (train/flow.py)."""
+    memory, exclude, sub-agent budget), trained with Flow-GRPO (train/flow.py);
+    "orchestrator8b": the released Orchestrator-8B protocol, its rounds trained like sub-agent
+    mode's turns (train/orchestrator8b.py), its experts from `experts`."""
 
     mode: str = "direct"
     orchestrator_turns: int = 8
@@ -35,9 +37,15 @@ class AgentConfig(SystemConfig):
     # The sub-agents' generation speed in the latency feature (None: rollout.seconds_per_token,
     # the same model by default).
     subagent_seconds_per_token: float | None = None
+    # mode "orchestrator8b": JSON of expert slot -> endpoint (agent.orchestrator8b_experts)
+    experts: str | None = None
 
     def __post_init__(self):
         one_of(self, "mode", self.mode, MODES)
+        if (self.mode == "orchestrator8b") != (self.experts is not None):
+            raise ValueError(f"AgentConfig.experts={self.experts!r} with mode={self.mode!r}; "
+                             "mode 'orchestrator8b' needs experts (a JSON file of expert slots) "
+                             "and only it takes them")
         one_of(self, "flow_agg", self.flow_agg, FLOW_AGGS)
         super().__post_init__()
         at_least(self, 1, "orchestrator_turns", "orchestrator_new_tokens")

@@ -169,9 +169,10 @@ class TrainConfig:
                 f"rollout.{field}={value}; training rollouts must sample the full softmax "
                 "(top_p=1.0, top_k=-1): the trainer scores tokens under the untruncated "
                 "distribution, so truncated sampling biases every ratio")
-        if self.agent.mode == "subagent" and self.rollout.workers:
-            raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode='subagent'; "
-                             "sub-agent rollouts run on the trainer's event loop (workers=0)")
+        if self.agent.mode != "direct" and self.rollout.workers:
+            raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode="
+                             f"{self.agent.mode!r}; its rollouts run on the trainer's event loop "
+                             "(workers=0)")
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -194,8 +195,11 @@ def check_paths(cfg: TrainConfig) -> None:
         raise FileNotFoundError(f"TrainConfig.hf_path={cfg.hf_path!r}: no config.json there; "
                                 "give a local Hugging Face checkpoint directory")
     if cfg.init_from is not None and not (pathlib.Path(cfg.init_from) / "checkpoints").is_dir():
+        hint = (" (it is a Hugging Face checkpoint: start from it with hf_path instead, "
+                "model unset)"
+                if (pathlib.Path(cfg.init_from) / "config.json").is_file() else "")
         raise FileNotFoundError(f"TrainConfig.init_from={cfg.init_from!r}: no checkpoints/ there; "
-                                "give the out_dir of an earlier orchestrax train run")
+                                f"give the out_dir of an earlier orchestrax train run{hint}")
 
 
 def check_out_dir(cfg: TrainConfig) -> epath.Path:

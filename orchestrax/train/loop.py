@@ -124,12 +124,16 @@ class Trainer:
 
     def _rollout_driver(self, make_executor) -> rollouts.RolloutDriver:
         """Picked once: sub-agent mode (orchestrator rollouts, Flow-GRPO batches, frozen
-        sub-agents), Direct mode in episode worker processes, or on this event loop."""
+        sub-agents), the released Orchestrator-8B protocol (its rounds as turn rows), Direct
+        mode in episode worker processes, or on this event loop."""
         cfg, r = self.cfg, self.cfg.rollout
         if cfg.agent.mode == "subagent":
             return FlowRunner(cfg, self.env, self.codec, self.sampler,
                               make_subagent_sampler(cfg, self.model_cfg, self.state.params),
                               make_executor())
+        if cfg.agent.mode == "orchestrator8b":
+            from orchestrax.train.orchestrator8b import Orchestrator8BRollouts
+            return Orchestrator8BRollouts(cfg, self.env, self.sampler, self.codec, make_executor)
         if r.workers:
             return rollouts.PooledRollouts(
                 cfg, self.env, self.sampler, self.codec,
