@@ -49,6 +49,8 @@ OPTIONAL_PEERS = {
     "sglang": ("sglang", "the SGLang frontend (`select`) the scoring tests drive; its declared "
                "dependencies are the GPU server's, so `make setup` installs it with --no-deps "
                "and the dev extra holds what its import needs"),
+    "wandb": ("wandb", "the wandb extra (TrainConfig.wandb); 14 packages, so not in dev: its "
+              "writer test runs where it is installed"),
 }
 
 

@@ -27,6 +27,7 @@ from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.rollout.embedded import ENGINES
 from orchestrax.train.agent_config import AgentConfig
+from orchestrax.train.metrics import WandbConfig
 from orchestrax.data.instances import InstanceConfig
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train import run_info
@@ -120,6 +121,8 @@ class TrainConfig:
     # Per training instance: a tool subset and training sheet (instances.randomize) and P with
     # its instruction from Pairs_train for tasks that have none.
     instances: InstanceConfig = InstanceConfig()
+    # Weights & Biases next to TensorBoard (off by default; offline when on): train/metrics.py
+    wandb: WandbConfig = WandbConfig()
 
     def __post_init__(self):
         if type(self.env) not in registry.ENVS:
@@ -181,6 +184,7 @@ class TrainConfig:
 def check_paths(cfg: TrainConfig) -> None:
     """The local inputs a run reads exist (checked before any compute; there is no model hub at
     run time, so a missing directory would otherwise surface as a hub lookup error)."""
+    cfg.wandb.check_installed()
     tok = pathlib.Path(cfg.tokenizer)
     if cfg.tokenizer != "tiny" and not any((tok / f).is_file() for f in _TOKENIZER_FILES):
         raise FileNotFoundError(

@@ -110,7 +110,9 @@ class Trainer:
                      meta["step"])
         self.metrics = MetricsLog(self.local, keep_rows=keep_rows, resume_step=resumed_at,
                                   writer=jax.process_index() == 0,
-                                  mirror=None if str(self.out) == str(self.local) else self.out)
+                                  mirror=None if str(self.out) == str(self.local) else self.out,
+                                  wandb=cfg.wandb, run_name=cfg.name,
+                                  run_config=run_info.to_json(cfg))
         self._clock = console.Clock()
         self.sampler = registry.build_sampler(setup.sampler_config(cfg, self.out), self.model_cfg,
                                               self.state.params)

@@ -1,5 +1,8 @@
-"""Where a run's metrics go: `metrics.jsonl` (one row per line, the record of truth) and
-TensorBoard event files in `tensorboard/` next to it.
+"""Where a run's metrics go: `metrics.jsonl` (one row per line, the record of truth),
+TensorBoard event files in `tensorboard/` next to it, and, when `TrainConfig.wandb.enabled`,
+a Weights & Biases run (offline by default: files under `<out_dir>/wandb/`, `wandb sync` uploads
+them later; `mode="online"` logs live). Both get every number of every row as `<phase>/<key>`
+at the global step.
 
 A resumed run re-runs the steps after its checkpoint, so rows written after that checkpoint are
 cut from the JSONL file (the checkpoint stores how many rows it had) and TensorBoard is told to
@@ -8,6 +11,7 @@ hide events from those steps (`purge_step`); every step appears once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -15,6 +19,8 @@ from typing import Any
 
 import numpy as np
 from etils import epath
+
+from orchestrax.checks import one_of
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +60,60 @@ def combine_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WandbConfig:
+    """Weights & Biases logging (the `wandb` extra). Off unless `enabled`; offline unless `mode`
+    says online. The run's id is kept in `<out_dir>/wandb_id`, so a resumed run continues the
+    same W&B run."""
+
+    enabled: bool = False
+    mode: str = "offline"                 # offline | online
+    project: str = "orchestrax"
+    entity: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        one_of(self, "mode", self.mode, ("offline", "online"))
+
+    def check_installed(self) -> None:
+        if self.enabled:
+            _wandb_module()
+
+
+def _wandb_module():
+    try:
+        import wandb
+    except ImportError:
+        raise ModuleNotFoundError(
+            "TrainConfig.wandb.enabled=True but the wandb package is not installed; pip "
+            "install -e '.[wandb]' (orchestrax[wandb]) or set wandb.enabled=False") from None
+    return wandb
+
+
+def _start_wandb(cfg: WandbConfig, out_dir: pathlib.Path, name: str,
+                 config: dict[str, Any] | None):
+    import uuid
+    wandb = _wandb_module()
+    id_file = out_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+    id_file.write_text(run_id + "\n")
+    return wandb.init(project=cfg.project, entity=cfg.entity, name=name, id=run_id,
+                      resume="allow", mode=cfg.mode, dir=str(out_dir), tags=list(cfg.tags),
+                      config=config)
+
+
 class MetricsLog:
     def __init__(self, out_dir: pathlib.Path, *, keep_rows: int, resume_step: int | None,
-                 writer: bool = True, mirror: epath.Path | None = None):
+                 writer: bool = True, mirror: epath.Path | None = None,
+                 wandb: WandbConfig = WandbConfig(), run_name: str = "",
+                 run_config: dict[str, Any] | None = None):
         """Keep the first `keep_rows` rows of an existing metrics.jsonl; `resume_step` is the
         global step of the restored checkpoint (None on a fresh start). `writer=False` (every
         process of a multi-process run but the first) counts rows and writes nothing.
         `mirror`: a directory (gs://...) that gets a whole copy of metrics.jsonl after every
         row, since object stores cannot append; a machine without the local file (a new TPU VM
-        resuming) starts from the mirror's copy."""
+        resuming) starts from the mirror's copy. `wandb`: the W&B run, named `run_name`, with
+        `run_config` (the resolved config) as its config."""
         from tensorboardX import SummaryWriter
 
         self.path = out_dir / "metrics.jsonl"
@@ -72,6 +123,7 @@ class MetricsLog:
         if not self.path.exists() and self.mirror is not None and self.mirror.exists():
             source = self.mirror
         lines = source.read_text().splitlines() if source.exists() else []
+        self._wandb = None
         if not writer:
             self.rows = min(keep_rows, len(lines))
             self._tb = None
@@ -86,6 +138,9 @@ class MetricsLog:
         purge = None if resume_step is None else resume_step + 1
         self._tb = SummaryWriter(logdir=str(out_dir / "tensorboard"), purge_step=purge,
                                  flush_secs=30)
+        if wandb.enabled:
+            wandb.check_installed()
+            self._wandb = _start_wandb(wandb, out_dir, run_name, run_config)
 
     def write(self, row: dict[str, Any], global_step: int) -> dict[str, Any]:
         """Append `row` (it must carry "phase") and send its numbers to TensorBoard as
@@ -97,9 +152,15 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
         self._push()
         self.rows += 1
-        for key, value in row.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-                self._tb.add_scalar(f"{row['phase']}/{key}", value, global_step)
+        scalars = {f"{row['phase']}/{key}": value for key, value in row.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and key != "step"}
+        for key, value in scalars.items():
+            self._tb.add_scalar(key, value, global_step)
+        if self._wandb is not None:
+            # A resumed run re-runs the steps after its checkpoint; W&B warns about and drops
+            # steps below the last one it logged.
+            self._wandb.log(scalars, step=global_step)
         return row
 
     def read(self) -> list[dict[str, Any]]:
@@ -112,6 +173,12 @@ class MetricsLog:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            # wandb keeps its settings (the run directory among them) per process: without this
+            # a second run in the process (the demo's runs) would write into the first's out_dir
+            _wandb_module().teardown()
+            self._wandb = None
 
 
 def progress(total: int, initial: int, desc: str):
