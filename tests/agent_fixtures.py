@@ -1,6 +1,7 @@
 """Test helpers for the agent layer: the original Qwen3 chat templates (read from the installed
 `trl` wheel, a dev-only dependency, to cross-check our renderer) and `SleepTool`, a real async tool
-with scripted latency, failures and cost. Production fixtures (tiny tokenizer, scripted sampler)
+with scripted latency, failures and cost; `write_tiny_run`, a run directory as `orchestrax train`
+leaves one, for eval and export tests. Production fixtures (tiny tokenizer, scripted sampler)
 are in `orchestrax.agent.scripted`."""
 
 from __future__ import annotations
@@ -57,3 +58,25 @@ class SleepTool:
             return ToolResult(observation=text, cost=self.cost, latency=self.report_latency)
         finally:
             self.active -= 1
+
+
+def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7):
+    """`run` as `orchestrax train` leaves it: model card (random tiny Qwen3 of `seed`), one
+    whole checkpoint at step 1, and train_config.json with `env` and `rollout`. Returns the
+    model config."""
+    from orchestrax import models
+    from orchestrax.agent.scripted import tiny_qwen3_tokenizer
+    from orchestrax.train import run_info
+    from orchestrax.train.checkpoint import Checkpointer
+    from orchestrax.train.config import TrainConfig
+    from orchestrax.train.setup import write_model_card
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    write_model_card(run / "model", cfg, tok)
+    ckpt = Checkpointer(run / "checkpoints", every=1)
+    ckpt.maybe_save(1, {"params": models.init_params(cfg, seed)}, {"phase": "rl", "step": 1},
+                    force=True)
+    ckpt.close()
+    run_info.write(run, TrainConfig(name=name, out_dir=str(run), model=cfg, env=env,
+                                    rollout=rollout))
+    return cfg

@@ -177,25 +177,13 @@ def test_failed_requests_are_errors_and_fail_the_command(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
-    from orchestrax import models
-    from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-    from orchestrax.train import run_info
-    from orchestrax.train.checkpoint import Checkpointer
-    from orchestrax.train.config import RolloutConfig, TrainConfig
-    from orchestrax.train.setup import write_model_card
+    from agent_fixtures import write_tiny_run
+    from orchestrax.train.config import RolloutConfig
 
-    tok = tiny_qwen3_tokenizer()
-    cfg = models.tiny_config(vocab_size=len(tok))
     run = tmp_path / "run"
-    write_model_card(run / "model", cfg, tok)
-    ckpt = Checkpointer(run / "checkpoints", every=1)
-    ckpt.maybe_save(1, {"params": models.init_params(cfg, 7)}, {"phase": "rl", "step": 1},
-                    force=True)
-    ckpt.close()
-    run_info.write(run, TrainConfig(
-        name="t", out_dir=str(run), model=cfg, env=RoutingConfig(num_eval=2),
-        rollout=RolloutConfig(max_new_tokens=12, max_turns=1, context_tokens=1024,
-                              enable_thinking=False)))
+    write_tiny_run(run, name="t", env=RoutingConfig(num_eval=2),
+                   rollout=RolloutConfig(max_new_tokens=12, max_turns=1, context_tokens=1024,
+                                         enable_thinking=False))
     assert cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
                 "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
