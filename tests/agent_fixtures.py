@@ -60,10 +60,10 @@ class SleepTool:
             self.active -= 1
 
 
-def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7):
+def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7, **fields):
     """`run` as `orchestrax train` leaves it: model card (random tiny Qwen3 of `seed`), one
-    whole checkpoint at step 1, and train_config.json with `env` and `rollout`. Returns the
-    model config."""
+    whole checkpoint at step 1, and train_config.json with `env`, `rollout` and any other
+    TrainConfig `fields`. Returns the model config."""
     from orchestrax import models
     from orchestrax.agent.scripted import tiny_qwen3_tokenizer
     from orchestrax.train import run_info
@@ -78,5 +78,5 @@ def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7):
                     force=True)
     ckpt.close()
     run_info.write(run, TrainConfig(name=name, out_dir=str(run), model=cfg, env=env,
-                                    rollout=rollout))
+                                    rollout=rollout, **fields))
     return cfg

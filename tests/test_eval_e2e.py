@@ -274,3 +274,22 @@ def config():
         recs = json.loads((out / "eval.json").read_text())["records"]["capitals"]
         assert all(len(r["preference"]) == 1 + 3 for r in recs)
     assert len(expert.requests) == 4
+
+
+def test_a_sampled_eval_row_is_named_as_an_estimate(tmp_path):
+    """A run that evaluated 4 samples per task at T=0.7 (the demo's settings): eval says its
+    single-sample accuracy estimates that row rather than repeating it."""
+    from agent_fixtures import write_tiny_run
+    from orchestrax.eval.main import EvalCommand, resolve_settings
+    from orchestrax.train.config import RolloutConfig
+
+    run = tmp_path / "run"
+    write_tiny_run(run, name="t", env=RoutingConfig(num_eval=2), rollout=RolloutConfig(),
+                   eval_samples=4, eval_temperature=0.7)
+    used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",)))
+    assert used["temperature"] == 0.7
+    assert any(n.startswith("note: the run's eval rows are the mean of 4 samples per task at "
+                            "temperature 0.7") for n in notes)
+    greedy, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",),
+                                                 temperature=0.0))
+    assert not any(n.startswith("note:") for n in notes)

@@ -65,8 +65,8 @@ def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
     assert found == path
     env = settings.pop("env")
     assert settings == {"enable_thinking": False, "max_new_tokens": 24, "max_turns": 2,
-                        "context_tokens": 768, "temperature": 0.0, "env_kind": "RoutingConfig",
-                        "name": "t"}
+                        "context_tokens": 768, "temperature": 0.0, "eval_samples": 1,
+                        "env_kind": "RoutingConfig", "name": "t"}
     assert routing_from_json(env) == cfg.env  # what eval measures the `routing` task set on
     (tmp_path / "model").mkdir()
     assert run_info.policy_settings(tmp_path / "model")[1] == path

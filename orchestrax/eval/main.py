@@ -149,6 +149,12 @@ def resolve_settings(args: EvalCommand) -> tuple[dict[str, Any], list[str]]:
         used[key] = flag if flag is not None else trained.get(key, default)
         if flag is not None and key in trained and flag != trained[key]:
             notes.append(f"warning: {_FLAG[key]} {flag} differs from training ({trained[key]})")
+    samples = trained.get("eval_samples", 1)
+    if samples > 1 and used["temperature"] > 0:
+        notes.append(f"note: the run's eval rows are the mean of {samples} samples per task at "
+                     f"temperature {used['temperature']:g}; this plays one sample per task, so "
+                     "its accuracy estimates that row's (within sampling noise) rather than "
+                     "repeating it")
     origin = (f"from {source}, flags override" if source else
               "eval defaults (the policy carries no train_config.json), flags override")
     notes.insert(0, "eval settings: " + " ".join(f"{k}={v}" for k, v in used.items())

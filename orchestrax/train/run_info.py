@@ -63,7 +63,7 @@ def find(directory: str | pathlib.Path) -> pathlib.Path | None:
 
 def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], pathlib.Path] | None:
     """({"enable_thinking", "max_new_tokens", "max_turns", "context_tokens", "temperature",
-    "env_kind", "env", "name"}, file) of the run that trained the policy in `directory` (`env`:
+    "eval_samples", "env_kind", "env", "name"}, file) of the run that trained the policy in `directory` (`env`:
     its env config's fields as JSON); None when it carries no run config."""
     path = find(directory)
     if path is None:
@@ -75,6 +75,7 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None
     out["temperature"] = float(cfg.get("eval_temperature", 0.0))  # the run's own eval rows
+    out["eval_samples"] = int(cfg.get("eval_samples", 1))
     out |= {"env_kind": cfg.get("env_kind"), "env": cfg.get("env"), "name": cfg.get("name")}
     return out, path
 
