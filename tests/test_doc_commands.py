@@ -112,6 +112,12 @@ NOT_RUN = {
     "sglang:http://H:30001 --tokenizer HF_DIR --out runs/grid": _PLACEHOLDER,
     "orchestrax train --config CFG --set agent.mode=subagent --set agent.thinking=orchestrator "
     "--set agent.search_corpus=../shared/data/corpus/wiki_summaries_en.json": _PLACEHOLDER,
+    "orchestrax eval --policy HF_DIR --tasks frames --agent orchestrator8b --experts "
+    "EXPERTS_JSON --train-config CFG": "the released checkpoint and its experts' endpoints "
+    "(its protocol runs on a tiny model in test_orchestrator8b); " + _PLACEHOLDER,
+    "orchestrax train --config CFG --set hf_path=HF_DIR --set agent.mode=orchestrator8b --set "
+    "agent.experts=EXPERTS_JSON": "a GPU-scale run (one protocol step on a tiny model runs in "
+    "test_orchestrator8b); " + _PLACEHOLDER,
     "orchestrax synth --out runs/synth --domain ../shared/data/toolscale/bank --domain MORE "
     "--base-url http://HOST/v1 --model M --usd-per-m-input 0.15 --usd-per-m-output 0.6 "
     "--budget-usd 5 --concurrency 8": "an LLM endpoint HOST; " + _PLACEHOLDER,
