@@ -1,6 +1,7 @@
 """Soak of `orchestrax serve` with poisoned requests mixed into normal traffic.
 
     python bench/serve_poison.py [--minutes 10] [--engine continuous] [--clients 8]
+    python bench/serve_poison.py --fair-share   # only the giant-call latency A/B
 
 `--clients` loops each send good seeded requests (on /generate and on chat, in turn) while one
 loop sends poison: top_k of 2**31, deep JSON, lone surrogates, reserved chat_template_kwargs,
@@ -30,7 +31,7 @@ import aiohttp  # noqa: E402
 
 from orchestrax import models  # noqa: E402
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer  # noqa: E402
-from orchestrax.rollout.embedded import make_embedded_sampler  # noqa: E402
+from orchestrax.rollout.embedded import ContinuousSampler, make_embedded_sampler  # noqa: E402
 from orchestrax.rollout.server import ServerState, bound_port, start  # noqa: E402
 from orchestrax.rollout.sglang_client import post_json  # noqa: E402
 
@@ -138,13 +139,82 @@ async def main(args) -> dict:
     return stats
 
 
+async def fair_share(reserve_slots: int, giant_requests: int = 1024,
+                     giant_tokens: int = 4000, n_small: int = 5,
+                     timeout_s: float | None = None) -> dict:
+    """A small request's median latency while one client's call of `giant_requests` x
+    `giant_tokens` runs, over the same idle, on a server whose continuous sampler keeps
+    `reserve_slots` slots from any one client (0: a giant call may take every slot). Past
+    `timeout_s` the loaded latency is reported as that (a lower bound, `timed_out`)."""
+    tok = tiny_qwen3_tokenizer()
+    cfg = models.tiny_config(vocab_size=len(tok))
+    sampler = ContinuousSampler(cfg, models.init_params(cfg, seed=0), max_batch=16,
+                                max_len=giant_tokens + 96, reserve_slots=reserve_slots)
+    runner = await start(ServerState(sampler=sampler, model_path="tiny", tokenizer=tok), port=0)
+    url = f"http://127.0.0.1:{bound_port(runner)}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as http:
+            await small_latency(http, url, 2)   # compiles
+            idle = await small_latency(http, url)
+            giant = {"input_ids": [[5, 6, 7, i % 50] for i in range(giant_requests)],
+                     "sampling_params": {"max_new_tokens": giant_tokens, "temperature": 0.0,
+                                         "stop_token_ids": []}}
+            big = asyncio.create_task(post_json(http, url + "/generate", giant))
+            while len(sampler._live) < 16 - reserve_slots:   # the giant holds its slots
+                if big.done():
+                    raise RuntimeError(f"the giant call ended early: {big.result()}")
+                await asyncio.sleep(0.01)
+            held = len(sampler._live)
+            try:
+                loaded = await asyncio.wait_for(small_latency(http, url, n_small), timeout_s)
+                timed_out = False
+            except asyncio.TimeoutError:
+                loaded, timed_out = timeout_s, True
+            big.cancel()   # closes its connection: its rows leave the engine
+            try:
+                await big
+            except asyncio.CancelledError:
+                pass
+    finally:
+        await runner.cleanup()
+    return {"idle_s": idle, "loaded_s": loaded, "ratio": loaded / idle, "giant_slots": held,
+            "timed_out": timed_out}
+
+
+def run_fair_share(record: bool) -> None:
+    import os
+    load = os.getloadavg()[0]
+    # With every slot free to the giant, a small request waits for a giant row to finish
+    # (4000 tokens): one such request is measured there, for at most 5 minutes.
+    after = asyncio.run(fair_share(1))
+    before = asyncio.run(fair_share(0, n_small=1, timeout_s=300.0))
+    over = ">" if before["timed_out"] else ""
+    line = (f"- {datetime.date.today()} serve fair share (continuous engine, tiny model, 16 "
+            f"slots; one call of 1024 requests x 4000 tokens in flight): a small request's "
+            f"latency (6 tokens) loaded / idle = {over}{before['ratio']:.1f}x with a giant "
+            f"call free to take every slot (1 request: {over}{before['loaded_s']:.2f} s / "
+            f"{before['idle_s']:.3f} s), {after['ratio']:.1f}x with one slot kept for clients "
+            f"that hold none (reserve_slots=1, medians of 5: {after['loaded_s']:.2f} s / "
+            f"{after['idle_s']:.3f} s; the giant held {after['giant_slots']} slots); load "
+            f"average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+            f"(python bench/serve_poison.py --fair-share)")
+    print(line)
+    if record:
+        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+            f.write(line + "\n")
+
+
 def run() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--engine", default="continuous", choices=("static", "continuous"))
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--fair-share", action="store_true",
+                   help="only the giant-call latency A/B (reserve_slots 0 vs 1)")
     args = p.parse_args()
+    if args.fair_share:
+        return run_fair_share(not args.no_record)
     s = asyncio.run(main(args))
     ok = s["lost"] == 0 and s["changed"] == 0 and s["poison_4xx"] == s["poison"]
     import os

@@ -439,3 +439,49 @@ def test_the_engine_drops_a_row_whose_own_work_raises_and_goes_on():
     assert "poisoned row" in str(failures["bad-row"]) and len(calls) == 2
     assert [results[g.rid].output_ids for g in goods] == [r.output_ids for r in alone]
     assert eng.generate([goods[3]])[0].output_ids == alone[3].output_ids
+
+
+def test_the_fair_queue_takes_the_next_client_a_predicate_allows():
+    q = FairQueue()
+    for i in range(3):
+        q.put_nowait(("giant", i), ("10.0.0.1", "", "giant"), 4000)
+    q.put_nowait(("small", 0), ("10.0.0.1", "", "small"), 10)
+    # the giant call is first in turn, but refused: the small one goes; then nothing qualifies
+    refuse_giant = lambda path: path[-1] != "giant"   # noqa: E731
+    assert q.take(refuse_giant) == ("small", 0)
+    assert q.take(refuse_giant) is None and len(q) == 3
+    # the predicate judges whole paths, never a peer alone
+    assert q.take(lambda path: path != ("10.0.0.1",)) == ("giant", 0)
+    assert [q.take(lambda path: True) for _ in range(3)] == [("giant", 1), ("giant", 2), None]
+
+
+@pytest.mark.parametrize("reserve, giants_first", [(0, 4), (1, 0)])
+def test_a_giant_call_cannot_take_every_slot(reserve, giants_first):
+    """Four slots, one call of 12 long requests: with a slot kept from any one client, a small
+    request that arrives while the giant runs starts at the next step and finishes before any
+    giant row; with none kept it waits for the first four giant rows to finish."""
+    giant = [GenerateRequest(input_ids=(5, 6, 7, i), sampling=SamplingParams(
+        temperature=0.0, max_new_tokens=60, stop_token_ids=())) for i in range(12)]
+    small = GenerateRequest(input_ids=(9, 9), sampling=SamplingParams(max_new_tokens=2))
+
+    async def main():
+        sampler = ContinuousSampler(CFG, PARAMS, max_batch=4, max_len=96, prefill_chunk=16,
+                                    decode_steps=4, reserve_slots=reserve)
+        done_giants, held = [], []
+
+        async def one(r):
+            await sampler.generate([r], client="giant")
+            done_giants.append(r)
+
+        tasks = [asyncio.create_task(one(r)) for r in giant]
+        while len(sampler._live) < 4 - reserve:
+            await asyncio.sleep(0.001)   # until the giant holds its slots
+        held.append(len(sampler._live))
+        await sampler.generate([small], client="small")
+        before_small = len(done_giants)
+        await asyncio.gather(*tasks)
+        await sampler.aclose()
+        return before_small, held
+
+    before_small, held = asyncio.run(main())
+    assert held == [4 - reserve] and before_small == giants_first

@@ -20,6 +20,7 @@ seen by the next batch.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -54,6 +55,7 @@ class _Pending:
     max_new: int                      # max_new_tokens clipped to the context budget
     future: asyncio.Future
     deltas: asyncio.Queue | None = None   # set for streaming callers
+    client: tuple = ()                    # its fair-queue path
     ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     top: list[TopLogprobs] = dataclasses.field(default_factory=list)
@@ -201,6 +203,7 @@ class EmbeddedSampler(Sampler):
             self._task = asyncio.get_running_loop().create_task(self._batch_loop())
         client = object() if client is None else client
         for p in pendings:
+            p.client = client if isinstance(client, tuple) else (client,)
             self._queue.put_nowait(p, client, len(p.request.input_ids) + p.max_new)
             self._queued[p] = None
 
@@ -368,7 +371,11 @@ class ContinuousSampler(EmbeddedSampler):
     aborted, a stop string matched) frees its slot before the next step. A request that fails
     in the engine fails alone: the engine drops its row (`ContinuousEngine.failures`), and a
     step that fails as a whole is rerun in halves until the failing request runs by itself
-    (`_split_failed_step`). The slot cache stays
+    (`_split_failed_step`). The last `reserve_slots` free slots are kept for clients that
+    hold none (`_join_fairly`), so another client's request starts at the next step however
+    long the first one's rows run; a client alone leaves that many slots idle. A peer that
+    opens a new call per request takes the reserve like any new client (the fair queue's order
+    among peers still holds). The slot cache stays
     allocated while idle, so an episode's next turn finds its prefix there (the engine's
     prefix cache); `drop_params` frees it with the weights (the trainer's step needs both).
     """
@@ -376,7 +383,10 @@ class ContinuousSampler(EmbeddedSampler):
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
                  prefill_chunk: int = 512, decode_steps: int = 8, min_chunk: int = 16,
-                 top_logprobs: int = MAX_TOP_LOGPROBS, prefix_cache: bool = True):
+                 top_logprobs: int = MAX_TOP_LOGPROBS, prefix_cache: bool = True,
+                 reserve_slots: int = 1):
+        if reserve_slots < 0:
+            raise ValueError(f"ContinuousSampler.reserve_slots={reserve_slots}; must be >= 0")
         super().__init__(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
                          weight_version=weight_version, seed=seed, min_bucket=min_chunk,
                          chunk_tokens=decode_steps)
@@ -386,6 +396,8 @@ class ContinuousSampler(EmbeddedSampler):
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,
             top_logprobs=top_logprobs, min_chunk=min_chunk, prefix_cache=prefix_cache)
         self._live: dict[str, _Pending] = {}    # engine rid -> caller, for rows in the engine
+        # Free slots only a client that holds none may take (`_join_fairly`).
+        self.reserve_slots = min(reserve_slots, max_batch - 1)
         self._next_key = 0
         # (engine rid, ids, logprobs, top, result) recorded by the engine's hook during a step
         self._events: list[tuple] = []
@@ -447,19 +459,30 @@ class ContinuousSampler(EmbeddedSampler):
                         self._submit(p)
                 else:
                     self._join(await self._queue.get())
-            # Only as many join as can start: the rest wait in the fair queue, where a later
-            # client's small request can still pass a giant call's backlog. None join a rerun
-            # group (they would share its fate).
-            while (not self._rerunning and not self._queue.empty()
-                   and self.engine.room > 0):
-                self._join(self._queue.get_nowait())
             for key in [k for k, p in self._live.items() if p.future.done()]:
                 self.engine.abort(key)   # the caller left: free its slot before this step
                 del self._live[key]
+            if not self._rerunning:   # none join a rerun group (they would share its fate)
+                self._join_fairly()
             self._events.clear()
             if self._live:
                 await self.unpaused.wait()
                 await self._step()
+
+    def _join_fairly(self) -> None:
+        """Only as many join as can start: the rest wait in the fair queue, where a later
+        client's small request can still pass a giant call's backlog. The last
+        `reserve_slots` free slots go only to a client (a whole fair-queue path) that holds
+        none, so a new client's request starts at the next step instead of waiting for a
+        giant call's rows to finish."""
+        held = collections.Counter(p.client for p in self._live.values())
+        while self.engine.room > 0:
+            room = self.engine.room
+            p = self._queue.take(lambda path: room > self.reserve_slots or not held[path])
+            if p is None:
+                return
+            self._join(p)
+            held[p.client] += 1
 
     async def _step(self) -> None:
         eng = self.engine

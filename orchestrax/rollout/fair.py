@@ -10,13 +10,16 @@ queued is taken after at most one more of them, however many are queued.
 A client is a path, e.g. (peer address, the name it gives, its HTTP call): the same rule
 applies at every level, first across peers, then across the names within one peer, then across
 the calls of one name. A peer that names every request differently splits only its own share.
+
+`take(allowed)` skips every client whose (whole) path `allowed` refuses, e.g. one that may not
+take another slot of a running batch now: the next client in turn goes first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 
 class FairQueue:
@@ -49,6 +52,12 @@ class FairQueue:
             raise asyncio.QueueEmpty
         return self._take()[0]
 
+    def take(self, allowed: Callable[[tuple], bool]) -> Any | None:
+        """The next item of a client whose path `allowed` accepts, in fair order; None when no
+        queued client qualifies."""
+        got = self._take(allowed) if self._size else None
+        return None if got is None else got[0]
+
     async def get(self) -> Any:
         while not self._size:
             self._waiter = asyncio.get_running_loop().create_future()
@@ -67,10 +76,21 @@ class FairQueue:
             child.append((item, cost))
         self._size += 1
 
-    def _take(self) -> tuple[Any, float]:
-        key = min(self._children, key=self._vtime.__getitem__)
-        child = self._children[key]
-        item, cost = child.popleft() if isinstance(child, collections.deque) else child._take()
+    def _take(self, allowed: Callable[[tuple], bool] | None = None,
+              prefix: tuple = ()) -> tuple[Any, float] | None:
+        for key in sorted(self._children, key=self._vtime.__getitem__):   # stable: FIFO ties
+            child = self._children[key]
+            if isinstance(child, collections.deque):
+                if allowed is not None and not allowed((*prefix, key)):
+                    continue
+                got = child.popleft()
+            else:
+                got = child._take(allowed, (*prefix, key))
+            if got is not None:
+                break
+        else:
+            return None
+        item, cost = got
         self._clock = self._vtime[key]
         self._vtime[key] += cost
         self._size -= 1
