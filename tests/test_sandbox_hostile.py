@@ -103,6 +103,37 @@ def test_a_program_within_its_budget_is_left_alone():
     assert res.stdout.strip() == "DONE" and not res.memory_limit_hit, res
 
 
+INODES = """
+import os
+for d in ('/tmp', '/dev/shm'):
+    print(d, os.statvfs(d).f_files)
+    n = 0
+    try:
+        while True:
+            os.mkdir(f'{d}/d{n}')
+            n += 1
+    except OSError as e:
+        print(d, n, e.errno)
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("limits", ["uid", "auto"])
+def test_every_tmpfs_has_an_inode_cap(limits):
+    """bwrap's --tmpfs takes a size but no inode count: each got ~3M inodes (~1 KiB of kernel
+    memory apiece, in no page the size cap sees). Now /tmp and /dev/shm are the run's own
+    tmpfs mounts with nr_inodes, and the host directories they are mounted on stay empty."""
+    res = asyncio.run(run_python(INODES, cfg(limits=limits, tmpfs_inodes=3000,
+                                             memory_bytes=256 << 20)))
+    lines = res.stdout.split("\n")
+    # the root directory is one of the inodes: 2999 more fit
+    assert lines[:4] == ["/tmp 3000", f"/tmp 2999 {errno.ENOSPC}", "/dev/shm 3000",
+                         f"/dev/shm 2999 {errno.ENOSPC}"], res
+    mounted_on = sandbox_limits.lock_dir().parent / "orchestrax-sandbox-tmpfs"
+    assert sorted(os.listdir(mounted_on)) == ["shm", "tmp"]
+    assert os.listdir(mounted_on / "tmp") == [] and os.listdir(mounted_on / "shm") == []
+
+
 SPIN = """
 import os, time
 t0 = time.monotonic()

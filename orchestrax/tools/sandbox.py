@@ -43,7 +43,9 @@ class SandboxConfig:
     not ('uid'). Without a cgroup, processes are capped by RLIMIT_NPROC of the run's own leased
     uid (as root), memory by a watchdog that polls the run's process tree every 50 ms (a soft
     bound: the run can overshoot by what it allocates in that time), and CPU by nice 19 in one
-    session (setsid is refused: on a host with scheduler autogroups the run is one group).
+    session (setsid is refused: on a host with scheduler autogroups the run is one group, one
+    share as large as the trainer's session, whatever it spins; N concurrent runs take N
+    shares). Not a quota: only a cgroup's `cpu_cores` bounds the run's CPU absolutely.
     """
 
     mode: SandboxMode = "bwrap"
@@ -54,6 +56,9 @@ class SandboxConfig:
     address_space_bytes: int = 1 << 30     # raise to >= 1.5 GiB if numpy/jax are bound in
     file_size_bytes: int = 16 << 20
     tmpfs_bytes: int = 64 << 20            # each of /tmp and /dev/shm
+    # Files and directories in each of /tmp and /dev/shm (as root; an empty one holds ~1 KiB
+    # of kernel memory and no page, so `tmpfs_bytes` alone does not bound it)
+    tmpfs_inodes: int = 65536
     open_files: int = 64
     processes: int = 32                    # per run (cgroup pids.max and the leased uid's NPROC)
     memory_bytes: int = 1 << 30            # per run (with a cgroup, tmpfs pages included)
@@ -74,7 +79,8 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.limits={self.limits!r}; allowed: 'auto', 'cgroup', "
                              "'uid'")
         for field in ("wall_timeout_s", "cpu_seconds", "address_space_bytes", "file_size_bytes",
-                      "tmpfs_bytes", "open_files", "processes", "output_bytes", "host_uid_slots",
+                      "tmpfs_bytes", "tmpfs_inodes", "open_files", "processes", "output_bytes",
+                      "host_uid_slots",
                       "memory_bytes", "host_uid_base", "cpu_cores"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"SandboxConfig.{field}={getattr(self, field)}; must be > 0")
@@ -176,7 +182,8 @@ def _prlimit_argv(config: SandboxConfig) -> list[str]:
             f"--nproc={nproc}", "--core=0", "--"]
 
 
-def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | None) -> list[str]:
+def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | None,
+                tmpfs_dirs: tuple[str, str] | None) -> list[str]:
     argv = [shutil.which("bwrap"), *(["--info-fd", str(info_fd)] if info_fd is not None else []),
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
@@ -196,9 +203,12 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | No
             argv += ["--ro-bind", d, d]
     # bwrap's own root and /dev are unbounded tmpfs mounts (half the host's RAM each): make them
     # read-only so the only writable space is the size-capped /tmp and /dev/shm
-    size = str(config.tmpfs_bytes)
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    if tmpfs_dirs is None:
+        size = str(config.tmpfs_bytes)
+        shm, tmp = ["--size", size, "--tmpfs", "/dev/shm"], ["--size", size, "--tmpfs", "/tmp"]
+    else:   # tmpfs mounted for this run with an inode cap (`tmpfs_mounts`)
+        shm, tmp = ["--bind", tmpfs_dirs[1], "/dev/shm"], ["--bind", tmpfs_dirs[0], "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", *shm, "--remount-ro", "/dev", *tmp]
     # after the tmpfs, so an interpreter that lives under /tmp is not hidden by it
     for path in (config.python, *config.extra_ro_binds):
         if not any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS):
@@ -207,15 +217,34 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | No
 
 
 def build_argv(config: SandboxConfig, info_fd: int | None = None,
-               seccomp_fd: int | None = None, args: tuple[str, ...] = ("-",)) -> list[str]:
+               seccomp_fd: int | None = None, args: tuple[str, ...] = ("-",),
+               tmpfs_dirs: tuple[str, str] | None = None) -> list[str]:
     """The command line after the run's lease prefix; by default the code itself goes to the
     interpreter's stdin (`args`: the interpreter's arguments after -I). bwrap writes
     {"child-pid": host pid of the namespace's init} to `info_fd` and reads the compiled seccomp
-    filter from `seccomp_fd`."""
+    filter from `seccomp_fd`. `tmpfs_dirs`: the (/tmp, /dev/shm) mounts `tmpfs_mounts` made,
+    bound in place of bwrap's own tmpfs."""
     py = [config.python, "-I", *args]
     if config.mode == "none":
         return _prlimit_argv(config) + py
-    return _prlimit_argv(config) + _bwrap_argv(config, info_fd, seccomp_fd) + py
+    return _prlimit_argv(config) + _bwrap_argv(config, info_fd, seccomp_fd, tmpfs_dirs) + py
+
+
+def tmpfs_mounts(config: SandboxConfig) -> tuple[list[str], tuple[str, str]]:
+    """(argv, dirs): as root, before the drop to the run's uid, `argv` gives the run a mount
+    namespace of its own holding a tmpfs of `tmpfs_bytes` and `tmpfs_inodes` on each of `dirs`
+    (for /tmp and /dev/shm). bwrap's `--tmpfs` takes a size but no inode count (each would get
+    half the host's RAM in pages worth of inodes, ~1 KiB of kernel memory apiece). The host's
+    directories stay empty: the mounts live and die with the run's namespace."""
+    base = sandbox_limits.lock_dir().parent / "orchestrax-sandbox-tmpfs"
+    dirs = (str(base / "tmp"), str(base / "shm"))
+    for d in (base, *dirs):
+        os.makedirs(d, mode=0o755, exist_ok=True)   # the run's uid must reach them for bwrap
+    opts = f"size={config.tmpfs_bytes},nr_inodes={config.tmpfs_inodes},mode=1777,nosuid,nodev"
+    mounts = " && ".join(f"{shutil.which('mount')} -t tmpfs -o {opts} orchestrax-run {d}"
+                         for d in dirs)
+    return [shutil.which("unshare"), "--mount", "--propagation", "private", "--", "/bin/sh",
+            "-c", f'{mounts} && exec "$@"', "sh"], dirs
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> str:
@@ -331,9 +360,12 @@ async def spawn(config: SandboxConfig, lease: sandbox_limits.Lease,
     info_r, info_w = os.pipe() if bwrap else (None, None)
     seccomp_r = _filter_pipe() if bwrap else None
     child_fds = tuple(fd for fd in (info_w, seccomp_r) if fd is not None)
+    mount_argv, tmpfs_dirs = tmpfs_mounts(config) if bwrap and lease.uid is not None else ([],
+                                                                                        None)
     try:
         proc = await asyncio.create_subprocess_exec(
-            *lease.argv_prefix(), *build_argv(config, info_w, seccomp_r, args),
+            *lease.argv_prefix(mount_argv), *build_argv(config, info_w, seccomp_r, args,
+                                                        tmpfs_dirs),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": "/usr/bin:/bin"},
             cwd="/", pass_fds=child_fds, **kwargs)
