@@ -182,9 +182,9 @@ async def soak(args) -> dict:
     return {
         "minutes": (time.time() - start) / 60, "steps": len(rows), "crashed": crashed,
         "workers": args.workers,
-        "retries": sum(r.get("rollout/retries", 0) for r in logged),
-        "failed_requests": sum(r.get("rollout/failures", 0) for r in logged),
-        "requests": sum(r.get("rollout/requests", 0) for r in logged),
+        "retries": sum(r.get("sampler/retries", 0) for r in logged),
+        "failed_requests": sum(r.get("sampler/failures", 0) for r in logged),
+        "requests": sum(r.get("sampler/requests", 0) for r in logged),
         "server_failed_answers": sum(injected[k] for k in ("500", "truncated", "backend_down",
                                                             "backend_5xx")),
         "server_kills": kills, **{f"injected_{k}": v for k, v in injected.items()},
@@ -192,10 +192,10 @@ async def soak(args) -> dict:
         "stale_trajectories": sum(r.get("rollout/stale_trajectories", 0) for r in rows),
         # Answers from a server behind the published weights, retried elsewhere by the client
         # (counted in its retries too, though no proxy sent a failure).
-        "stale_answers": sum(r.get("rollout/stale_answers", 0) for r in logged),
-        "episodes": sum(r["episodes"] for r in rows),
-        "lost_episodes": sum(per_step - r["episodes"] for r in rows),
-        "failed_episodes": sum(r["episodes_failed"] for r in rows),
+        "stale_answers": sum(r.get("sampler/stale_answers", 0) for r in logged),
+        "episodes": sum(r["rollout/episodes"] for r in rows),
+        "lost_episodes": sum(per_step - r["rollout/episodes"] for r in rows),
+        "failed_episodes": sum(r["rollout/episodes_failed"] for r in rows),
         "rss_start_mb": rss_start, "rss_end_mb": rss_end,
         "workers_rss_start_mb": workers_start, "workers_rss_end_mb": workers_end,
         "load_mean": sum(loads) / max(1, len(loads)), "load_max": max(loads, default=0.0),

@@ -91,7 +91,7 @@ def test_every_turn_carries_its_rollouts_advantage(setup):
                 assert batch["advantages"][row] == pytest.approx(want[q, g], abs=1e-5)
                 assert batch["sample_mask"][row] == 1.0
                 row += 1
-    assert stats["reward_mean"] == pytest.approx(np.mean([1, 0, 0, 0, 4 / 3, 5 / 3, 0, 1]),
+    assert stats["rollout/reward_mean"] == pytest.approx(np.mean([1, 0, 0, 0, 4 / 3, 5 / 3, 0, 1]),
                                                  abs=1e-6)
     assert stats["dispatches/file_inspector"] == pytest.approx(np.mean([2, 0, 1, 1, 1, 2, 3, 0]))
 
@@ -143,7 +143,7 @@ def test_malformed_rollouts_are_filtered_on_every_turn(tok, tmp_path):
     batch, stats = flow_batch(groups, np.array([[1, 1, 0, 0]], np.float32), NAMES,
                               preferences([t], NAMES), GRPOConfig(), pad_id=PAD,
                               max_turn_tokens=4096, row_multiple=4)
-    assert stats["format_error_rate"] == 0.25
+    assert stats["rollout/format_error_rate"] == 0.25
     n0 = len(groups[0][0].samples)
     n1 = len(groups[0][1].samples)
     assert (batch["sample_mask"][n0:n0 + n1] == 0).all()

@@ -115,12 +115,12 @@ def test_a_new_env_and_sampler_backend_train_one_step_and_evaluate(tmp_path, reg
     assert [h["phase"] for h in history] == ["eval", "rl", "eval"]  # step 0 and the final
     evaluation, step, _ = history
     # Step-0 evaluation: 4 tasks x 1 sample, answered yes, no, yes, no.
-    assert evaluation["accuracy"] == 0.5 and evaluation["rollout/requests"] == 4
+    assert evaluation["rollout/accuracy"] == 0.5 and evaluation["sampler/requests"] == 4
     # The step: 4 tasks x 2 rollouts (8 rows: the 8-device mesh), one right and one wrong in
     # each group, all kept.
-    assert step["accuracy"] == 0.5 and step["episodes"] == 8.0
-    assert step["rollout/requests"] == 8
-    assert step["reward_mean"] == 0.5 and np.isfinite(step["loss"])
+    assert step["rollout/accuracy"] == 0.5 and step["rollout/episodes"] == 8.0
+    assert step["sampler/requests"] == 8
+    assert step["rollout/reward_mean"] == 0.5 and np.isfinite(step["train/loss"])
     # Published before the first rollout and after the update, as the trainer's global steps.
     assert sampler.published == ["0", "1"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()

@@ -64,13 +64,13 @@ def test_direct_batch_by_hand():
     assert batch["tokens"].shape == (4, 64)
     np.testing.assert_array_equal(batch["loss_mask"][:, :4], [[0, 0, 1, 0], [0, 0, 1, 1],
                                                               [0, 1, 0, 0], [0, 0, 1, 0]])
-    assert stats["reward_mean"] == pytest.approx(3.5 / 4)
-    assert stats["accuracy"] == 0.75
-    assert stats["format_error_rate"] == 0.25
-    assert stats["tokens_mean"] == 3.0 and stats["turns_mean"] == 1.0
-    assert stats["generation_wall_s_mean"] == 0.5
-    assert stats["episodes"] == 4 and stats["episodes_failed"] == 1
-    assert stats["cost_mean"] == pytest.approx((0.25 + 1.0) / 4)   # t3 costs nothing
+    assert stats["rollout/reward_mean"] == pytest.approx(3.5 / 4)
+    assert stats["rollout/accuracy"] == 0.75
+    assert stats["rollout/format_error_rate"] == 0.25
+    assert stats["rollout/tokens_mean"] == 3.0 and stats["rollout/turns_mean"] == 1.0
+    assert stats["rollout/generation_wall_s_mean"] == 0.5
+    assert stats["rollout/episodes"] == 4 and stats["rollout/episodes_failed"] == 1
+    assert stats["rollout/cost_mean"] == pytest.approx((0.25 + 1.0) / 4)   # t3 costs nothing
     assert stats["tools/search/calls"] == 7 and stats["tools/search/cost_usd"] == 1.25
     assert stats["filter/kept"] == 3
 
@@ -106,5 +106,5 @@ def test_flow_batch_by_hand():
     np.testing.assert_array_equal(batch["rollout_ids"], [0, 1, -1, -1])
     assert stats["flow/turn_samples"] == 2 and stats["flow/dropped_over_budget"] == 1
     assert stats["dispatches/coder"] == 1.5
-    assert stats["reward_mean"] == 0.5 and stats["turns_mean"] == 1.5
-    assert stats["latency_wall_mean"] == 2.0 and stats["tool_calls_mean"] == 3.0
+    assert stats["rollout/reward_mean"] == 0.5 and stats["rollout/turns_mean"] == 1.5
+    assert stats["rollout/latency_wall_mean"] == 2.0 and stats["rollout/tool_calls_mean"] == 3.0

@@ -51,16 +51,16 @@ def test_subagent_mode_trains_and_writes_metrics(tmp_path):
     rl_rows = [h for h in history if h["phase"] == "rl"]
     assert [h["step"] for h in rl_rows] == [1]
     for row in rl_rows:
-        for key in ("reward_mean", "accuracy", "loss", "grad_norm", "flow/turn_samples",
-                    "flow/dropped_over_budget", "tokens/prompt_mean", "turns_mean",
-                    "dispatches/web_searcher", "filter/kept"):
+        for key in ("rollout/reward_mean", "rollout/accuracy", "train/loss", "train/grad_norm",
+                    "flow/turn_samples", "flow/dropped_over_budget", "tokens/prompt_mean",
+                    "rollout/turns_mean", "dispatches/web_searcher", "filter/kept"):
             assert key in row, key
         # every one of the 8 rollouts has at least one orchestrator turn, each its own row
-        assert row["flow/turn_samples"] >= 8 and row["turns_mean"] >= 1
+        assert row["flow/turn_samples"] >= 8 and row["rollout/turns_mean"] >= 1
         # nothing over budget here: one row per orchestrator turn of the 2 x 4 rollouts
-        assert row["flow/turn_samples"] == 8 * row["turns_mean"]
-        assert np.isfinite(row["loss"])
-    assert history[0]["phase"] == "eval" and np.isfinite(history[0]["accuracy"])
+        assert row["flow/turn_samples"] == 8 * row["rollout/turns_mean"]
+        assert np.isfinite(row["train/loss"])
+    assert history[0]["phase"] == "eval" and np.isfinite(history[0]["rollout/accuracy"])
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(history)
     # the policy's sampler follows the updates; the sub-agents' sampler stays frozen

@@ -298,7 +298,7 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
         sft_steps=0, steps=1, checkpoint_every=1, eval_every=0)
     history = train(cfg)
     rl = [h for h in history if h["phase"] == "rl"]
-    assert len(rl) == 1 and "reward_mean" in rl[0] and "loss" in rl[0]
+    assert len(rl) == 1 and "rollout/reward_mean" in rl[0] and "train/loss" in rl[0]
     assert cli(["eval", "--policy", str(run), "--tasks",
                 f"toolscale:{shop}:{out / 'tasks.json'}", "--out", str(tmp_path / "eval"),
                 "--no-progress", "--max-turns", "2", "--turn-sweep", "1", "--max-new-tokens",

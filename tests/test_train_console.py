@@ -23,24 +23,25 @@ class FakeTime:
 def test_line_shows_step_of_total_rate_and_eta():
     now = FakeTime()
     clock = console.Clock(now)
-    row = {"phase": "rl", "step": 2, "reward_mean": 0.5, "accuracy": 0.25, "cost_mean": 0.001,
-           "filter/kept_fraction": 0.75, "loss": 0.0123, "grad_norm": 1.5, "tokens_mean": 600.0,
-           "time_step_s": 3.0}
+    row = {"phase": "rl", "step": 2, "rollout/reward_mean": 0.5, "rollout/accuracy": 0.25,
+           "rollout/cost_mean": 0.001, "filter/kept_fraction": 0.75, "train/loss": 0.0123,
+           "train/grad_norm": 1.5, "rollout/tokens_mean": 600.0, "time/step_s": 3.0}
     assert console.line(row, 10, clock) == ("rl step 2/10  reward 0.5  acc 0.25  cost 0.001  "
                                             "kept 0.75  loss 0.0123  grad 1.5")
     now.t += 30.0  # two more steps in 30 s: 15 s/step, 6 steps left -> 90 s
     line = console.line(row | {"step": 4}, 10, clock)
     assert line.endswith("| 15 s/step, ETA 0:01:30") and "tokens" not in line
-    assert console.line({"phase": "eval", "step": 4, "accuracy": 1.0}, None, clock) == \
+    assert console.line({"phase": "eval", "step": 4, "rollout/accuracy": 1.0}, None, clock) == \
         "eval at step 4  acc 1"
 
 
 def test_degenerate_steps_are_named():
-    base = {"phase": "rl", "step": 3, "grad_norm": 0.7, "filter/kept": 5, "format_error_rate": 0.1}
+    base = {"phase": "rl", "step": 3, "train/grad_norm": 0.7, "filter/kept": 5,
+            "rollout/format_error_rate": 0.1}
     assert console.degenerate(base) == []
     assert "trained on nothing" in console.degenerate(base | {"filter/kept": 0})[0]
-    assert "gradient norm is 0" in console.degenerate(base | {"grad_norm": 0.0})[0]
-    both = console.degenerate(base | {"format_error_rate": 1.0, "filter/kept": 0})
+    assert "gradient norm is 0" in console.degenerate(base | {"train/grad_norm": 0.0})[0]
+    both = console.degenerate(base | {"rollout/format_error_rate": 1.0, "filter/kept": 0})
     assert len(both) == 2 and "format error" in both[0]
     assert console.degenerate({"phase": "eval", "step": 3, "filter/kept": 0}) == []
 

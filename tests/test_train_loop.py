@@ -42,10 +42,11 @@ def test_sft_then_grpo_then_resume(tmp_path):
     assert phases.count("sft") >= 1 and phases.count("rl") == 2 and phases[-1] == "rl"
     rl_rows = [h for h in history if h["phase"] == "rl"]
     for row in rl_rows:
-        for key in ("reward_mean", "accuracy", "cost_mean", "latency_mean", "loss",
-                    "grad_norm", "preferred_tool_rate", "filter/kept"):
+        for key in ("rollout/reward_mean", "rollout/accuracy", "rollout/cost_mean",
+                    "rollout/latency_mean", "train/loss", "train/grad_norm",
+                    "env/preferred_tool_rate", "filter/kept"):
             assert key in row, key
-        assert row["tokens_mean"] > 500  # the whole system prompt with three tools is there
+        assert row["rollout/tokens_mean"] > 500  # the whole system prompt with three tools is there
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(history)
     ckpts = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
@@ -151,8 +152,8 @@ def test_rollouts_in_worker_processes(tmp_path, caplog):
     assert any("2 episode workers started (sampler at http://127.0.0.1:" in r.getMessage()
                for r in caplog.records)
     (row,) = [h for h in history if h["phase"] == "rl"]
-    assert row["tokens_mean"] > 500 and row["turns_mean"] >= 1
-    assert 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["loss"])
+    assert row["rollout/tokens_mean"] > 500 and row["rollout/turns_mean"] >= 1
+    assert 0.0 <= row["rollout/accuracy"] <= 1.0 and np.isfinite(row["train/loss"])
 
 
 def test_warm_start_from_jsonl_packs_with_a_token_mean_loss(tmp_path):
@@ -172,4 +173,4 @@ def test_warm_start_from_jsonl_packs_with_a_token_mean_loss(tmp_path):
     history = train(cfg)
     sft = [h for h in history if h["phase"] == "sft"]
     assert sft and sft[-1]["step"] == 2
-    assert all(np.isfinite(h["loss"]) and h["loss"] > 0 for h in sft)
+    assert all(np.isfinite(h["train/loss"]) and h["train/loss"] > 0 for h in sft)

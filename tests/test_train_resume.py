@@ -83,7 +83,7 @@ def _rows(out):
     latency feature and the rewards stay in."""
     rows = [json.loads(x) for x in (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items()
-             if not k.startswith("time_") and k != "generation_wall_s_mean"} for r in rows]
+             if not k.startswith("time/") and k != "rollout/generation_wall_s_mean"} for r in rows]
 
 
 @pytest.mark.slow
@@ -106,8 +106,9 @@ def test_sigkill_mid_rl_resumes_bit_exactly(tmp_path):
     assert rows_b == rows_a  # same tasks, samples and losses; no row twice
     rl = [r for r in rows_a if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == list(range(1, RL_STEPS + 1))
-    assert all(r["filter/kept"] > 0 and r["grad_norm"] > 0 and r["skipped"] == 0 for r in rl)
-    assert all(r["latency_mean"] > 0 for r in rl)   # the feature the latency-weighted P reads
+    assert all(r["filter/kept"] > 0 and r["train/grad_norm"] > 0 and r["train/skipped"] == 0
+               for r in rl)
+    assert all(r["rollout/latency_mean"] > 0 for r in rl)   # what the latency-weighted P reads
     # The RL phase moved the params away from the warm start.
     _, warm_state, _ = _final(warm)
     embed = lambda s: np.asarray(s["params"]["embed"] if isinstance(s, dict) else s[0]["embed"])

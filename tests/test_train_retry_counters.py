@@ -108,11 +108,11 @@ def test_each_rows_retries_are_the_500s_the_servers_sent(tmp_path, servers, work
     assert list(at) == ["0", "1", "2"] and at["0"] == 0
     assert flaky.injected >= 4  # A got its share of requests: every row below saw faults
     # The initial eval and step 1 both sample between versions 0 and 1; step 2 alone after 1.
-    assert evals[0]["rollout/retries"] + rl[0]["rollout/retries"] == at["1"] - at["0"]
-    assert rl[1]["rollout/retries"] == at["2"] - at["1"] > 0
+    assert evals[0]["sampler/retries"] + rl[0]["sampler/retries"] == at["1"] - at["0"]
+    assert rl[1]["sampler/retries"] == at["2"] - at["1"] > 0
     assert flaky.injected == at["2"]  # nothing after the last publish
     for row in evals + rl:
-        assert row["rollout/failures"] == 0  # every retried request succeeded on B
+        assert row["sampler/failures"] == 0  # every retried request succeeded on B
     # Every attempt reached a proxy: requests + retries == /generate calls seen.
-    attempts = sum(h["rollout/requests"] + h["rollout/retries"] for h in evals + rl)
+    attempts = sum(h["sampler/requests"] + h["sampler/retries"] for h in evals + rl)
     assert attempts == flaky.generate_calls + steady.generate_calls

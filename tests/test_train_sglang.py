@@ -70,10 +70,10 @@ def test_grpo_with_sglang_servers(tmp_path, servers, workers):
     history = train(cfg)
     rl_rows = [h for h in history if h["phase"] == "rl"]
     assert [h["step"] for h in rl_rows] == [1, 2]
-    assert all(h["tokens_mean"] > 500 and h["turns_mean"] >= 1 for h in rl_rows)
+    assert all(h["rollout/tokens_mean"] > 500 and h["rollout/turns_mean"] >= 1 for h in rl_rows)
     if workers == 0:  # the trainer's own client reports its traffic per step
-        assert all(h["rollout/requests"] >= 1 and h["rollout/retries"] == 0
-                   and h["rollout/failures"] == 0 for h in rl_rows)
+        assert all(h["sampler/requests"] >= 1 and h["sampler/retries"] == 0
+                   and h["sampler/failures"] == 0 for h in rl_rows)
     # Published after each step: both servers serve the run's newest weights.
     assert [_model_info(u)["weight_version"] for u in servers] == ["2", "2"]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v1", "v2"]

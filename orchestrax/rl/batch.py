@@ -100,18 +100,18 @@ def direct_batch(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
     batch["advantages"] = scores.advantages_QG.reshape(-1)
     batch["sample_mask"] = scores.keep_QG.reshape(-1).astype(np.float32)
     f = scores.features
-    stats = {"reward_mean": float(np.mean(scores.reward_QG)),
-             "accuracy": float(outcome_QG.mean()),
-             "cost_mean": float(f.cost_QG.mean()),
-             "latency_mean": float(f.latency_QG.mean()),
+    stats = {"rollout/reward_mean": float(np.mean(scores.reward_QG)),
+             "rollout/accuracy": float(outcome_QG.mean()),
+             "rollout/cost_mean": float(f.cost_QG.mean()),
+             "rollout/latency_mean": float(f.latency_QG.mean()),
              # measured sampler time, queueing included: a metric, never reward
-             "generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
-             "format_error_rate": float((scores.format_errors_QG > 0).mean()),
-             "turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
-             "tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
+             "rollout/generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
+             "rollout/format_error_rate": float((scores.format_errors_QG > 0).mean()),
+             "rollout/turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
+             "rollout/tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
              # Every episode comes back, as a trajectory or as a failed one (never lost).
-             "episodes": float(len(flat)),
-             "episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
+             "rollout/episodes": float(len(flat)),
+             "rollout/episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
     return batch, stats | scores.counters | tool_totals(flat)
 
 
@@ -206,18 +206,18 @@ def flow_batch(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
     f = scores.features
     flat = [r for gr in groups for r in gr]
     acc = [r.account for r in flat]
-    stats = {"reward_mean": float(scores.reward_QG.mean()),
-             "accuracy": float(np.mean(outcome_QG)),
-             "cost_mean": float(f.cost_QG.mean()),
-             "latency_mean": float(f.latency_QG.mean()),
-             "latency_wall_mean": float(np.mean([r.latency for r in flat])),
-             "format_error_rate": float((scores.format_errors_QG > 0).mean()),
-             "turns_mean": float(np.mean([a.turns for a in acc])),
+    stats = {"rollout/reward_mean": float(scores.reward_QG.mean()),
+             "rollout/accuracy": float(np.mean(outcome_QG)),
+             "rollout/cost_mean": float(f.cost_QG.mean()),
+             "rollout/latency_mean": float(f.latency_QG.mean()),
+             "rollout/latency_wall_mean": float(np.mean([r.latency for r in flat])),
+             "rollout/format_error_rate": float((scores.format_errors_QG > 0).mean()),
+             "rollout/turns_mean": float(np.mean([a.turns for a in acc])),
              "flow/turn_samples": float((info["rollout"] >= 0).sum()),
              "flow/dropped_over_budget": float(info["dropped"].sum()),
              "tokens/prompt_mean": float(np.mean([a.prompt_tokens for a in acc])),
              "tokens/completion_mean": float(np.mean([a.completion_tokens for a in acc])),
-             "tool_calls_mean": float(np.mean([len(a.tool_calls) for a in acc]))}
+             "rollout/tool_calls_mean": float(np.mean([len(a.tool_calls) for a in acc]))}
     stats |= {f"dispatches/{n}": float(f.counts_QGN[..., k].mean())
               for k, n in enumerate(f.tool_names)}
     return batch, stats | scores.counters

@@ -11,12 +11,13 @@ from typing import Any, Sequence
 
 # (row key, label, format) shown per phase, in this order, when present.
 SHOWN = {
-    "sft": (("loss", "loss", "{:.4g}"),),
-    "rl": (("reward_mean", "reward", "{:.3g}"), ("accuracy", "acc", "{:.3g}"),
-           ("cost_mean", "cost", "{:.3g}"), ("filter/kept_fraction", "kept", "{:.2f}"),
-           ("loss", "loss", "{:.3g}"), ("kl", "kl", "{:.3g}"), ("grad_norm", "grad", "{:.3g}")),
-    "eval": (("accuracy", "acc", "{:.3g}"), ("cost_mean", "cost", "{:.3g}"),
-             ("latency_mean", "latency", "{:.3g}")),
+    "sft": (("train/loss", "loss", "{:.4g}"),),
+    "rl": (("rollout/reward_mean", "reward", "{:.3g}"), ("rollout/accuracy", "acc", "{:.3g}"),
+           ("rollout/cost_mean", "cost", "{:.3g}"), ("filter/kept_fraction", "kept", "{:.2f}"),
+           ("train/loss", "loss", "{:.3g}"), ("train/kl", "kl", "{:.3g}"),
+           ("train/grad_norm", "grad", "{:.3g}")),
+    "eval": (("rollout/accuracy", "acc", "{:.3g}"), ("rollout/cost_mean", "cost", "{:.3g}"),
+             ("rollout/latency_mean", "latency", "{:.3g}")),
 }
 
 
@@ -57,12 +58,12 @@ def degenerate(row: dict[str, Any]) -> Sequence[str]:
     if row["phase"] != "rl":
         return []
     out = []
-    if row.get("format_error_rate") == 1.0:
+    if row.get("rollout/format_error_rate") == 1.0:
         out.append("every rollout had a format error: check the chat template, "
                    "rollout.enable_thinking and max_new_tokens")
     if row.get("filter/kept") == 0:
         out.append("no rollout kept by the filters (every group homogeneous or malformed): "
                    "this update trained on nothing")
-    elif row.get("grad_norm") == 0.0:
+    elif row.get("train/grad_norm") == 0.0:
         out.append("gradient norm is 0: this update changed nothing")
     return out

@@ -83,8 +83,9 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConf
     for label, row, ev in rows:
         adh = ev["adherence"]
         lines.append(
-            f"{label:24s}{row.get('preferred_share_cost', float('nan')):12.2f}"
-            f"{row.get('preferred_share_latency', float('nan')):14.2f}{row['accuracy']:9.2f}"
+            f"{label:24s}{row.get('env/preferred_share_cost', float('nan')):12.2f}"
+            f"{row.get('env/preferred_share_latency', float('nan')):14.2f}"
+            f"{row['rollout/accuracy']:9.2f}"
             f"{ev['share']['cost']:13.2f}{ev['share']['latency']:8.2f}{ev['accuracy']:9.2f}"
             f"{'-' if adh is None else f'{adh:.3f}':>10s}")
     return "\n".join(lines)

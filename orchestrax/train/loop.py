@@ -251,9 +251,9 @@ class Trainer:
             self.step += 1
             bar.update()
             if self.step % 10 == 0 or self.step == cfg.sft_steps:
-                row = {"phase": "sft", "step": self.step, **_floats(metrics)}
+                row = {"phase": "sft", "step": self.step, **step_metrics(metrics)}
                 history.append(self._log(row))
-                bar.set_postfix(postfix(row, ("loss",)))
+                bar.set_postfix(postfix(row, ("train/loss",)))
             self._save()
         bar.close()
         self._save(force=True)
@@ -301,11 +301,12 @@ class Trainer:
             self._stop_if_broken(metrics)
             self.step += 1
             await self._publish_weights()
-            row = {"phase": "rl", "step": self.step, **stats, **_floats(metrics),
-                   "time_rollout_s": t_roll, "time_step_s": time.perf_counter() - t0}
+            row = {"phase": "rl", "step": self.step, **stats, **step_metrics(metrics),
+                   "time/rollout_s": t_roll, "time/step_s": time.perf_counter() - t0}
             history.append(self._log(row))
             bar.update()
-            bar.set_postfix(postfix(row, ("reward_mean", "accuracy", "cost_mean")))
+            bar.set_postfix(postfix(row, ("rollout/reward_mean", "rollout/accuracy",
+                                         "rollout/cost_mean")))
             # Eval before the checkpoint, so the checkpoint's row count holds the eval row and
             # a resumed run neither drops it nor evaluates again.
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
@@ -378,18 +379,19 @@ class Trainer:
         groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
                                               temperature=self.cfg.eval_temperature)
         flat = [tr for gr in groups for tr in gr]
-        row = {"phase": "eval", "step": self.step, "accuracy": float(outcome.mean()),
-               "cost_mean": float(np.mean([tr.cost for tr in flat])),
-               "latency_mean": float(np.mean([self.rollouts.clock_s(tr) for tr in flat]))}
-        return (row | self.env.stats(tasks, groups) | rl.tool_totals(flat)
+        row = {"phase": "eval", "step": self.step, "rollout/accuracy": float(outcome.mean()),
+               "rollout/cost_mean": float(np.mean([tr.cost for tr in flat])),
+               "rollout/latency_mean": float(np.mean([self.rollouts.clock_s(tr)
+                                                      for tr in flat]))}
+        return (row | rollouts.env_stats(self.env, tasks, groups) | rl.tool_totals(flat)
                 | self._sampler_counters())
 
     def _sampler_counters(self) -> dict[str, float]:
         """Sampler requests, retries and failed requests since the previous row (a step's or an
         eval's rollouts): the trainer's own SGLang client (episodes on this event loop) plus the
-        episode workers' clients (their counters come back with the episodes). Empty for the
-        embedded sampler on this event loop, which has no client."""
-        return {f"rollout/{k}": float(v) for k, v in self.rollouts.take_counters().items()}
+        episode workers' clients (their counters come back with the episodes), or the embedded
+        sampler's prefilled and cached prompt tokens: `sampler/<counter>`."""
+        return {f"sampler/{k}": float(v) for k, v in self.rollouts.take_counters().items()}
 
     def _log(self, row: dict[str, Any]) -> dict[str, Any]:
         # Multi-process: rollout stats are each process's own episodes; one row for the run.
@@ -405,6 +407,11 @@ class Trainer:
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()
             if np.asarray(v).size == 1}
+
+
+def step_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The train step's scalar metrics as row keys: `train/<name>`."""
+    return {f"train/{k}": v for k, v in _floats(metrics).items()}
 
 
 def train(cfg: TrainConfig) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import pathlib
 from typing import Any
 
@@ -28,13 +29,31 @@ log = logging.getLogger(__name__)
 # kept samples, stale drops, flow turn rows): over processes they add up. Every other number is
 # averaged: means, rates, shares and timings of equal shares of episodes, and the train step's
 # metrics, which the step computes on the global batch so every process holds the same value.
-COUNTERS = frozenset({"episodes", "episodes_failed", "filter/format_dropped",
-                      "filter/invalid_dropped", "filter/homogeneous_groups",
-                      "filter/homogeneous_dropped", "filter/kept", "flow/turn_samples",
-                      "flow/dropped_over_budget"})
-COUNTER_PREFIXES = ("rollout/", "tools/")  # sampler counters, stale-weight drops, tool calls
-                                         # and dollars per tool
+COUNTERS = frozenset({"rollout/episodes", "rollout/episodes_failed", "rollout/stale_trajectories",
+                      "rollout/stale_turns", "filter/format_dropped", "filter/invalid_dropped",
+                      "filter/homogeneous_groups", "filter/homogeneous_dropped", "filter/kept",
+                      "flow/turn_samples", "flow/dropped_over_budget"})
+COUNTER_PREFIXES = ("sampler/", "tools/")  # sampler counters, tool calls and dollars per tool
 IDENTITY = ("phase", "step")  # which row this is: the same on every process
+
+# One key style: every key but the identity is `group/name` (more `/name` parts allowed), the
+# group one of these, lower-case with underscores. TensorBoard shows it as `<phase>/<key>`.
+GROUPS = ("rollout",    # the episodes of the step (or eval): reward, accuracy, cost, latency, ...
+          "filter",     # what the step's filters dropped and kept
+          "train",      # the train step's (or SFT step's) own metrics: loss, grad_norm, lr, ...
+          "time",       # wall seconds of the step's phases
+          "sampler",    # the sampler's counters: requests, retries, failures, cached tokens
+          "tools",      # calls and dollars per tool: tools/<name>/calls, tools/<name>/cost_usd
+          "env",        # the environment's own statistics (Environment.stats)
+          "flow", "tokens", "dispatches")   # sub-agent mode: turn rows, tokens, dispatches
+_KEY = re.compile(r"(?:%s)(?:/[A-Za-z0-9_.\-]+)+" % "|".join(GROUPS))
+
+
+def check_key(key: str) -> None:
+    """Raise ValueError unless `key` is in the one key style (`GROUPS`)."""
+    if key not in IDENTITY and not _KEY.fullmatch(key):
+        raise ValueError(f"metrics key {key!r} is not group/name with group one of "
+                         f"{', '.join(GROUPS)}")
 
 
 def is_counter(key: str) -> bool:
@@ -143,8 +162,10 @@ class MetricsLog:
             self._wandb = _start_wandb(wandb, out_dir, run_name, run_config)
 
     def write(self, row: dict[str, Any], global_step: int) -> dict[str, Any]:
-        """Append `row` (it must carry "phase") and send its numbers to TensorBoard as
-        `<phase>/<key>` at `global_step`."""
+        """Append `row` (it must carry "phase"; every key in the one style, `check_key`) and
+        send its numbers to TensorBoard as `<phase>/<key>` at `global_step`."""
+        for key in row:
+            check_key(key)
         if not self.writer:
             self.rows += 1
             return row
@@ -189,4 +210,4 @@ def progress(total: int, initial: int, desc: str):
 
 
 def postfix(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
-    return {k.removesuffix("_mean"): f"{row[k]:.3g}" for k in keys if k in row}
+    return {k.rpartition("/")[2].removesuffix("_mean"): f"{row[k]:.3g}" for k in keys if k in row}

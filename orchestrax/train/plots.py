@@ -7,12 +7,12 @@ import pathlib
 from typing import Any, Sequence
 
 # (title, phase -> row key); a panel is drawn only when some row has one of its keys.
-PANELS = (("SFT loss", {"sft": "loss"}),
-          ("reward", {"rl": "reward_mean"}),
-          ("accuracy", {"rl": "accuracy", "eval": "accuracy"}),
-          ("cost ($)", {"rl": "cost_mean", "eval": "cost_mean"}),
-          ("policy loss", {"rl": "loss"}),
-          ("KL to reference", {"rl": "kl"}),
+PANELS = (("SFT loss", {"sft": "train/loss"}),
+          ("reward", {"rl": "rollout/reward_mean"}),
+          ("accuracy", {"rl": "rollout/accuracy", "eval": "rollout/accuracy"}),
+          ("cost ($)", {"rl": "rollout/cost_mean", "eval": "rollout/cost_mean"}),
+          ("policy loss", {"rl": "train/loss"}),
+          ("KL to reference", {"rl": "train/kl"}),
           ("kept fraction", {"rl": "filter/kept_fraction"}))
 _STYLE = {"sft": ("warm start", "-"), "rl": ("train", ".-"), "eval": ("eval", "o")}
 
@@ -22,8 +22,8 @@ def _rows(metrics: pathlib.Path) -> list[dict[str, Any]]:
 
 
 def tool_names(rows: Sequence[dict[str, Any]]) -> list[str]:
-    return sorted({k.removeprefix("tool_share_") for r in rows for k in r
-                   if k.startswith("tool_share_")})
+    return sorted({k.removeprefix("env/tool_share_") for r in rows for k in r
+                   if k.startswith("env/tool_share_")})
 
 
 def panels(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[str, list, list, str]]]]:
@@ -42,7 +42,7 @@ def panels(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[str, li
             out.append((title, series))
     shares = []
     for name in tool_names(rows):
-        key = f"tool_share_{name}"
+        key = f"env/tool_share_{name}"
         pts = [(r["step"], r[key]) for r in rows if r["phase"] == "rl" and key in r]
         if pts:
             shares.append((name, [x for x, _ in pts], [y for _, y in pts], ".-"))
@@ -83,7 +83,7 @@ def plot_run(metrics: pathlib.Path, out: pathlib.Path) -> pathlib.Path | None:
 def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
                            evals: dict[str, dict[str, Any]], out: pathlib.Path) -> pathlib.Path:
     """Left: per RL step, the preferred tool's share of calls on each preference kind's tasks
-    (`preferred_share_<kind>`; training rollouts as lines, evaluations as dots). Right: per
+    (`env/preferred_share_<kind>`; training rollouts as lines, evaluations as dots). Right: per
     policy (label -> {"share": {kind: share}, "adherence": float | None}, e.g. from
     `orchestrax eval`), those shares as bars, the adherence in the label."""
     import matplotlib
@@ -93,7 +93,7 @@ def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
     rows = _rows(metrics)
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, kind in enumerate(kinds):
-        key = f"preferred_share_{kind}"
+        key = f"env/preferred_share_{kind}"
         for phase, style in (("rl", ".-"), ("eval", "o")):
             got = [r for r in rows if r["phase"] == phase and key in r]
             ax.plot([r["step"] for r in got], [r[key] for r in got], style, color=f"C{i}",

@@ -148,7 +148,7 @@ def direct_batch(cfg: Any, env: Environment, tasks: Sequence[Task],
                  groups: Sequence[Sequence[Trajectory]], outcome: np.ndarray, pad_id: int
                  ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """`rl.direct_batch` over the tasks' own tool subsets and preference vectors, plus the
-    environment's statistics of the step."""
+    environment's statistics of the step (`env_stats`)."""
     from orchestrax import rl  # the trainer's process only: episode workers never load JAX
     for task in tasks:
         if task.preference is None:  # no silent outcome-only fallback
@@ -159,7 +159,13 @@ def direct_batch(cfg: Any, env: Environment, tasks: Sequence[Task],
     batch, stats = rl.batch.direct_batch(
         groups, outcome, names, [t.preference for t in tasks], cfg.grpo, pad_id=pad_id,
         max_len=cfg.rollout.context_tokens, seconds_per_token=cfg.rollout.seconds_per_token)
-    return batch, stats | env.stats(tasks, groups)
+    return batch, stats | env_stats(env, tasks, groups)
+
+
+def env_stats(env: Environment, tasks: Sequence[Task], groups: Sequence[Sequence[Any]]
+              ) -> dict[str, float]:
+    """The environment's own statistics of a step's groups as row keys: `env/<name>`."""
+    return {f"env/{k}": v for k, v in env.stats(tasks, groups).items()}
 
 
 class DirectRollouts:
