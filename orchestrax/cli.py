@@ -70,14 +70,14 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    from orchestrax.eval.main import add_arguments
+    from orchestrax.eval.eval_command import add_arguments
     add_arguments(sub.add_parser("eval", argument_default=argparse.SUPPRESS,
                                  help="measure a policy on task sets (accuracy, cost, latency, "
                                       "calls per tool, preference adherence)"))
 
 
 def _synth_parser(sub: argparse._SubParsersAction) -> None:
-    from orchestrax.synth.main import add_arguments
+    from orchestrax.synth.synth_command import add_arguments
     p = sub.add_parser("synth", argument_default=argparse.SUPPRESS,
                        help="ToolScale pipeline: verified tasks (and domains) from an "
                             "OpenAI-compatible generator")
@@ -156,10 +156,10 @@ def command_config(args: argparse.Namespace) -> Any:
         from orchestrax.tools import index_command
         return overrides.from_args(args, index_command.IndexCommand, index_command.config)
     if args.command == "synth":
-        from orchestrax.synth import main as synth_main
+        from orchestrax.synth import synth_command as synth_main
         return overrides.from_args(args, synth_main.SynthCommand, synth_main.config)
     if args.command == "eval":
-        from orchestrax.eval import main as eval_main
+        from orchestrax.eval import eval_command as eval_main
         return overrides.from_args(args, eval_main.EvalCommand, eval_main.config)
     if args.command == "serve":
         if not (args.config or "model" in vars(args)
@@ -175,13 +175,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from orchestrax.train import serve
         return serve.serve(command_config(args))
     if args.command == "train":
-        from orchestrax.train.main import run
+        from orchestrax.train.train_command import run
         return run(args.config, args.set)
     if args.command == "rehearse":
         from orchestrax.train.rehearse import run as run_rehearsal
         return run_rehearsal(args)
     if args.command == "synth":
-        from orchestrax.synth.main import run as run_synth
+        from orchestrax.synth.synth_command import run as run_synth
         return run_synth(command_config(args))
     if args.command == "export":
         from orchestrax.train.export import run as run_export
@@ -189,7 +189,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "index":
         from orchestrax.tools.index_command import run as run_index
         return run_index(command_config(args))
-    from orchestrax.eval.main import run as run_eval
+    from orchestrax.eval.eval_command import run as run_eval
     return run_eval(command_config(args))
 
 

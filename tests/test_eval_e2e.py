@@ -280,7 +280,7 @@ def test_a_sampled_eval_row_is_named_as_an_estimate(tmp_path):
     """A run that evaluated 4 samples per task at T=0.7 (the demo's settings): eval says its
     single-sample accuracy estimates that row rather than repeating it."""
     from agent_fixtures import write_tiny_run
-    from orchestrax.eval.main import EvalCommand, resolve_settings
+    from orchestrax.eval.eval_command import EvalCommand, resolve_settings
     from orchestrax.train.config import RolloutConfig
 
     run = tmp_path / "run"

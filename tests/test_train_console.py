@@ -7,7 +7,7 @@ import pytest
 
 from orchestrax import models
 from orchestrax.envs.routing import RoutingConfig
-from orchestrax.eval.main import routing_from_json
+from orchestrax.eval.eval_command import routing_from_json
 from orchestrax.train import console, run_info
 from orchestrax.train.config import RolloutConfig, TrainConfig
 

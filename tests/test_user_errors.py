@@ -103,7 +103,7 @@ def test_serve_flags_are_shorthands_of_its_config_fields(tmp_path):
 
 def test_eval_flags_are_shorthands_of_its_config_fields(capsys):
     from orchestrax.cli import build_parser, command_config
-    from orchestrax.eval.main import EvalCommand
+    from orchestrax.eval.eval_command import EvalCommand
 
     def cfg(*argv):
         return command_config(build_parser().parse_args(["eval", *argv]))
@@ -124,7 +124,7 @@ def test_eval_flags_are_shorthands_of_its_config_fields(capsys):
 
 def test_synth_flags_are_shorthands_of_its_config_fields(capsys):
     from orchestrax.cli import build_parser, command_config
-    from orchestrax.synth.main import SynthCommand
+    from orchestrax.synth.synth_command import SynthCommand
 
     def cfg(*argv):
         return command_config(build_parser().parse_args(["synth", *argv]))
