@@ -221,8 +221,7 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
     """The recipe at CPU size, run by `orchestrax rehearse`: a tiny random Qwen3 as 2 processes x
     4 CPU devices, each process's rollouts on its own loopback server, every LLM tool and the
     tau2 user a tiny local server, BM25 over 200 passages of the Wikipedia corpus, two QA sets,
-    a warm start on tool-call conversations (24 steps did not yet teach the tiny policy the
-    format: BUILD.md), a few GRPO steps."""
+    a warm start on tool-call conversations through the real tools, two GRPO steps."""
     ports = rehearsal_ports()
     expert = {role: f"http://127.0.0.1:{ports[role]}/v1" for role in ("generalists", "specialists")}
     experts = {model: (expert["specialists" if model.startswith("qwen2.5") else "generalists"],
@@ -235,21 +234,24 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         model=models.tiny_config(vocab_size=512, hidden_size=64, intermediate_size=128,
                                  num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32),
         grpo=grpo(num_minibatches=2, num_microbatches=1, logprob_chunk=None),
-        sft_optim=OptimizerConfig(lr=3e-3, warmup_steps=2, schedule="cosine", total_steps=24,
+        sft_optim=OptimizerConfig(lr=1e-2, warmup_steps=2, schedule="constant", total_steps=64,
                                   weight_decay=0.0),
         rollout=rollout(backend="sglang",
                         server_urls=tuple(f"http://127.0.0.1:{ports[f'rollout-{i}']}"
                                           for i in range(2)),
-                        group_size=4, tasks_per_step=4, max_turns=3, context_tokens=3072,
-                        max_new_tokens=48, enable_thinking=False, max_in_flight=16,
+                        group_size=4, tasks_per_step=2, max_turns=2, context_tokens=3072,
+                        max_new_tokens=64, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),
         # No tau2 domain: a retail prompt with its tools is 10.6k tiny-tokenizer tokens, which
         # made the warm start alone take over 20 minutes on two shared cores.
         env=mixture(user, tau2_domains=(), qa_sets=("bamboogle_125", "aime_2024_2025")),
         tools=tools(experts, search_backend="bm25", search_titles=titles, web=False,
                     llm_max_tokens=16, clock="nominal"),
-        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=24, sft_batch=8, steps=4,
-        out_dir=out_dir, checkpoint_every=2, eval_every=0, eval_tasks=8)
+        # Checkpoints every 16 SFT steps and after the last of 2 GRPO steps: a kill after
+        # step 1 resumes from the warm start and redoes step 1, whose metrics the killed run
+        # logged (a checkpoint costs ~10 s here).
+        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=64, sft_batch=8, steps=2,
+        out_dir=out_dir, checkpoint_every=16, eval_every=0, eval_tasks=8)
 
 
 def _corpus_titles() -> list[str]:

@@ -45,6 +45,7 @@ from orchestrax.train.overrides import apply_overrides, load_config
 DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
 EVAL_TASKS = ("bamboogle", "aime")
 EVAL_LIMIT = 2     # tasks per eval set
+SFT_RECORDS = 48   # warm-start conversations: 6 calls of each of the 8 tools
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -132,9 +133,11 @@ def start_servers(cfg: TrainConfig, out: pathlib.Path, fleet: Fleet,
     return {"rollout": rollout, "experts": experts, "router": router}
 
 
-def _question(task: Any) -> str:
+def _question(task: Any, words: int = 3) -> str:
+    """The task's question, cut to its first `words` words (a call the tiny policy's
+    `max_new_tokens` holds)."""
     text = next((m["content"] for m in reversed(task.messages) if m["role"] == "user"), "")
-    return " ".join(str(text).split()[:24]) or "What is 6 times 7?"
+    return " ".join(str(text).split()[:words]) or "What is 6 times 7?"
 
 
 def tool_arguments(name: str, task: Any) -> dict[str, Any]:
@@ -271,18 +274,21 @@ def evaluate(spec: str, out: pathlib.Path, export: pathlib.Path, servers: dict[s
     users = [e for e in _endpoints(cfg.env)]
     argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy",
             f"sglang:{servers['router']}", "--tokenizer", str(export), "--tasks", *EVAL_TASKS,
-            "--limit", str(EVAL_LIMIT), "--config", spec, "--sheet", "eval_heldout",
+            "--limit", str(EVAL_LIMIT), "--train-config", spec, "--sheet", "eval_heldout",
             "--out", str(out / "eval"), "--no-progress", "--max-error-rate", "1",
             "--max-turns", str(cfg.rollout.max_turns), "--turn-sweep", str(cfg.rollout.max_turns),
             "--max-new-tokens", str(cfg.rollout.max_new_tokens),
             "--context-tokens", str(cfg.rollout.context_tokens),
             "--seconds-per-token", str(cfg.rollout.seconds_per_token)]
+    if not cfg.rollout.enable_thinking:
+        argv.append("--no-thinking")
     if users:
         argv += ["--user-url", users[0].base_url, "--user-model", users[0].model]
     child = fleet.start("eval", argv, env=_python_env())
     if child.proc.wait() != 0:
         raise RuntimeError(f"orchestrax eval exited with {child.proc.returncode}:\n{child.tail()}")
     fleet.children.remove(child)
+    print(child.tail(2000).strip(), flush=True)  # eval's table: accuracy, cents, minutes
     payload = json.loads((out / "eval" / "eval.json").read_text())
     rows = [r for r in payload["rows"] if r.get("turn_limit") in (None, cfg.rollout.max_turns)]
     return {r["task_set"]: {"accuracy": r["accuracy"], "cents": r["cents_per_task"],
@@ -419,7 +425,7 @@ def prepare(what: str, spec: str, sets: Sequence[str]) -> None:
     elif cfg.sft_data and not pathlib.Path(cfg.sft_data[0]).exists():
         from orchestrax import registry
         counts = write_sft_data(cfg, pathlib.Path(cfg.sft_data[0]),
-                                registry.build_catalog(cfg.tools))
+                                registry.build_catalog(cfg.tools), limit=SFT_RECORDS)
         print(f"rehearsal: {sum(counts.values())} warm-start conversations in "
               f"{cfg.sft_data[0]}, calls per tool {counts}")
 
