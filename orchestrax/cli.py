@@ -76,29 +76,30 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
                                       "calls per tool, preference adherence)"))
 
 
-def _synth_parser(sub: argparse._SubParsersAction) -> None:
-    from orchestrax.synth.synth_command import add_arguments
-    p = sub.add_parser("synth", argument_default=argparse.SUPPRESS,
-                       help="ToolScale pipeline: verified tasks (and domains) from an "
-                            "OpenAI-compatible generator")
+def _dialect_parser(sub: argparse._SubParsersAction, name: str, help: str,
+                    add_arguments: Any) -> None:
+    """A command in the one config dialect: --config, --set, then its field shorthands."""
+    p = sub.add_parser(name, argument_default=argparse.SUPPRESS, help=help)
     add_config_arguments(p)
     add_arguments(p)
+
+
+def _synth_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.synth.synth_command import add_arguments
+    _dialect_parser(sub, "synth", "ToolScale pipeline: verified tasks (and domains) from an "
+                    "OpenAI-compatible generator", add_arguments)
 
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
     from orchestrax.train.export import add_arguments
-    p = sub.add_parser("export", argument_default=argparse.SUPPRESS,
-                       help="a training run's checkpoint as a Hugging Face directory")
-    add_config_arguments(p)
-    add_arguments(p)
+    _dialect_parser(sub, "export", "a training run's checkpoint as a Hugging Face directory",
+                    add_arguments)
 
 
 def _index_parser(sub: argparse._SubParsersAction) -> None:
     from orchestrax.tools.index_command import add_arguments
-    p = sub.add_parser("index", argument_default=argparse.SUPPRESS,
-                       help="build (or find cached) the local-search index over a corpus")
-    add_config_arguments(p)
-    add_arguments(p)
+    _dialect_parser(sub, "index", "build (or find cached) the local-search index over a corpus",
+                    add_arguments)
 
 
 def _rehearse_parser(sub: argparse._SubParsersAction) -> None:
