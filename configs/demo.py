@@ -9,7 +9,7 @@ second). Evaluated on held-out tasks of both kinds, with the training phrasings.
 import dataclasses
 
 from orchestrax import models
-from orchestrax.envs.routing import RoutingConfig
+from orchestrax.envs.routing import LookupTool, RoutingConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.config import RolloutConfig, TrainConfig
@@ -17,7 +17,11 @@ from orchestrax.train.config import RolloutConfig, TrainConfig
 OUT = "runs/demo"
 SFT_STEPS = 60
 STEPS = 12  # GRPO steps of the one policy
-ENV = RoutingConfig(num_eval=16, preferences=("pool:cost", "pool:latency"),
+# Short tool names: with them every demonstration fits one 512-token row (the attention's block).
+TOOLS = (LookupTool(name="cheap", usd_per_call=0.001, latency_s=4.0),
+         LookupTool(name="fast", usd_per_call=0.02, latency_s=0.2),
+         LookupTool(name="premium", usd_per_call=0.05, latency_s=10.0))
+ENV = RoutingConfig(num_eval=16, tools=TOOLS, preferences=("pool:cost", "pool:latency"),
                     eval_preferences=("pool:cost", "pool:latency"), eval_pool="train",
                     restate_preference=True)
 
@@ -41,7 +45,7 @@ def config_warmstart() -> TrainConfig:
                                   total_steps=SFT_STEPS, weight_decay=0.0),
         rollout=RolloutConfig(backend="embedded", group_size=8, tasks_per_step=8,
                               temperature=0.7, max_new_tokens=48, max_turns=3,
-                              context_tokens=768, enable_thinking=False, sampler_max_batch=64),
+                              context_tokens=512, enable_thinking=False, sampler_max_batch=64),
         env=ENV,
         sft_steps=SFT_STEPS,
         sft_batch=32,

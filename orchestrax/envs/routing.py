@@ -38,7 +38,7 @@ from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.randomize import instance_seed
 
 POOL_KINDS = ("pool:cost", "pool:latency")
-SYSTEM_PROMPT = "Run the job with one tool call, then reply <answer>done</answer>."
+SYSTEM_PROMPT = "Call a tool, then answer <answer>done</answer>."
 JOBS = ("Fetch the report.", "Send the invoice.", "Check the order.", "Book the room.",
         "Find the file.", "Update the list.", "Get the weather.", "Call the user.")
 
@@ -147,9 +147,10 @@ class _Lookup:
 
     def __init__(self, tool: LookupTool, job: str):
         self.spec = ToolSpec(
-            name=tool.name, description=f"Runs a job. ${tool.usd_per_call:g}, {tool.latency_s:g}s.",
-            # kept minimal: every schema token is prompt the tiny demo model must read
-            parameters={"type": "object", "properties": {}},
+            # kept minimal: every schema token is prompt the tiny demo model must read, and the
+            # demo's rows must stay within one 512-token attention block
+            name=tool.name, description=f"${tool.usd_per_call:g}, {tool.latency_s:g}s",
+            parameters={},
             category="basic", pricing=Pricing(kind="per_call", usd_per_call=tool.usd_per_call),
             latency_s=tool.latency_s)
         self._job = job
