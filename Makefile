@@ -26,7 +26,7 @@ demo: setup
 	$(BIN)/python -m orchestrax.train.demo
 
 test: setup
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -ra tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile tests
 
 bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
