@@ -122,10 +122,10 @@ NOT_RUN = {
     "--base-url http://HOST/v1 --model M --usd-per-m-input 0.15 --usd-per-m-output 0.6 "
     "--budget-usd 5 --concurrency 8": "an LLM endpoint HOST; " + _PLACEHOLDER,
 }
-# Run as pasted, in this order, from a scratch directory where runs/demo/cost is a tiny run
+# Run as pasted, in this order, from a scratch directory where runs/demo/grpo is a tiny run
 # (random tiny Qwen3, its train_config.json with short episode budgets, 2 routing eval tasks).
-RUN_HERE = ("orchestrax eval --policy runs/demo/cost --tasks routing",
-            "orchestrax export runs/demo/cost runs/export --dtype bfloat16")
+RUN_HERE = ("orchestrax eval --policy runs/demo/grpo --tasks routing",
+            "orchestrax export runs/demo/grpo runs/export --dtype bfloat16")
 
 
 def test_every_documented_line_runs_here_or_says_why_not():
@@ -140,7 +140,7 @@ def test_the_runnable_lines_run_as_pasted(tmp_path, monkeypatch, capsys):
     from orchestrax.cli import main as cli
     from orchestrax.envs.routing import RoutingConfig
     from orchestrax.train.config import RolloutConfig
-    write_tiny_run(tmp_path / "runs" / "demo" / "cost", name="cost", seed=0,
+    write_tiny_run(tmp_path / "runs" / "demo" / "grpo", name="grpo", seed=0,
                    env=RoutingConfig(num_train=4, num_eval=2),
                    rollout=RolloutConfig(max_turns=2, max_new_tokens=8, context_tokens=1024,
                                          enable_thinking=False))

@@ -1,6 +1,6 @@
 """`orchestrax eval`: one policy over task sets; table, JSON, CSV and plots.
 
-    orchestrax eval --policy runs/demo/cost --tasks routing --tokenizer tiny
+    orchestrax eval --policy runs/demo/grpo --tasks routing --tokenizer tiny
     orchestrax eval --policy openai:http://127.0.0.1:30000/v1 --model qwen3-8b --tasks frames \
         --train-config configs/qwen3_8b_gpu.py --sheet eval_heldout \
         --baseline runs/eval_base/eval.json
