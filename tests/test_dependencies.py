@@ -35,6 +35,7 @@ CORE_WITHOUT_IMPORT = {
 DEV_WITHOUT_IMPORT = {
     "trl": ('files("trl")', "the original Qwen3 chat templates ship in its wheel"),
     "sglang-router": ("sglang_router.launch_router", "the real router, run as a process"),
+    "pytest-xdist": ("-n 2 --dist loadfile", "the Makefile's test command runs the suite on its workers"),
     "pybase64": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
     "msgspec": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
     "pyzmq": ('importorskip("sglang")', "imported by `import sglang` (installed --no-deps)"),
