@@ -34,7 +34,7 @@ def train_config(out: pathlib.Path) -> TrainConfig:
         rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=16, max_turns=2,
                               context_tokens=768, enable_thinking=False),
         env=RoutingConfig(num_train=16, num_eval=2),
-        sft_steps=4, sft_batch=8, steps=1, checkpoint_every=2, eval_every=0)
+        sft_steps=4, sft_batch=8, steps=1, checkpoint_every=2, eval_every=1)
 
 
 def local_rows(process: int) -> dict[str, np.ndarray]:

@@ -59,7 +59,7 @@ def test_the_trainer_runs_as_two_processes(tmp_path):
     results = _run("train", tmp_path, 2)
     assert results[0]["history"] == results[1]["history"]  # one row for both processes
     phases = [(h["phase"], h["step"]) for h in results[0]["history"]]
-    assert phases == [("sft", 4), ("eval", 0), ("rl", 1)]
+    assert phases == [("sft", 4), ("eval", 0), ("rl", 1), ("eval", 1)]
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [(json.loads(r)["phase"], json.loads(r)["step"]) for r in rows] == phases
     steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())

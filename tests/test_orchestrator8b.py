@@ -389,7 +389,8 @@ def test_train_runs_the_protocol_from_an_hf_checkpoint(qa_set, tiny_hf, tmp_path
                           search_corpus=str(corpus)),
         steps=1, checkpoint_every=1, eval_every=0)
     (row,) = [h for h in train(cfg) if h["phase"] == "rl"]
-    assert row["flow/turn_samples"] == 8 and row["turns_mean"] == 1.0   # 8 rollouts, 1 round
-    assert row["format_error_rate"] == 1.0
+    # 8 rollouts, 1 round each
+    assert row["flow/turn_samples"] == 8 and row["rollout/turns_mean"] == 1.0
+    assert row["rollout/format_error_rate"] == 1.0
     with pytest.raises(ValueError, match="mode 'orchestrator8b' needs experts"):
         AgentConfig(mode="orchestrator8b")
