@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, sample_turn
-from orchestrax.agent.parser import clip, split_thinking, tagged_blocks
+from orchestrax.agent.parser import clip, decoded_arguments, split_thinking, tagged_blocks
 from orchestrax.agent.subagent.orchestrator import TurnSample
 from orchestrax.data.records import Task, ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.rollout.base import Sampler
@@ -202,12 +202,7 @@ def parse_choice(text: str, offered: Sequence[str] = TOOL_NAMES) -> Choice | str
             problems.append(f"not JSON: {clip(raw.strip())}")
             continue
         name = obj.get("name") if isinstance(obj, dict) else None
-        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                pass
+        args = decoded_arguments(obj.get("arguments", {})) if isinstance(obj, dict) else None
         if name not in offered:
             problems.append(f"unknown tool {clip(str(name))}; offered: {', '.join(offered)}")
         elif not isinstance(args, dict) or args.get("model") not in SLOTS[name]:

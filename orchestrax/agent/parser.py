@@ -114,11 +114,7 @@ class ToolCallParser:
                        f'"arguments" object. Write each call as {CALL_FORMAT}')
         name, args = obj["name"], obj.get("arguments", {})
         shown = clip(name)
-        if isinstance(args, str):  # some models JSON-encode the arguments twice
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                pass
+        args = decoded_arguments(args)
         if not isinstance(args, dict):
             return bad(f'Error: "arguments" of tool {shown} must be a JSON object, got '
                        f"{type(args).__name__}.", name)
@@ -193,3 +189,14 @@ def extract_answer(visible: str) -> str:
     """The last complete `<answer>…</answer>` if there is one, else the visible text, stripped."""
     blocks, _ = tagged_blocks(visible, "<answer>", "</answer>")
     return (blocks[-1] if blocks else visible).strip()
+
+
+def decoded_arguments(args: Any) -> Any:
+    """A call's "arguments" with one JSON string layer removed: some models JSON-encode the
+    arguments twice. Anything that does not decode comes back as it was."""
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except (ValueError, RecursionError):
+            pass
+    return args

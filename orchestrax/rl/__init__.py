@@ -3,7 +3,8 @@ step."""
 
 from orchestrax.rl.advantages import (compute_advantages, dr_grpo_advantages, group_advantages,
                                       group_mean_std, rloo_advantages)
-from orchestrax.rl.batch import direct_batch, flow_batch, pack, tool_totals, turn_batch
+from orchestrax.rl.batch import (direct_batch, flow_batch, pack, rollout_stats, tool_totals,
+                                 turn_batch)
 from orchestrax.rl.config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.filters import has_final_answer, homogeneity_mask, sample_mask, validity_mask
 from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
@@ -25,5 +26,6 @@ __all__ = [
     "homogeneity_mask", "init_state", "kl_penalty", "lr_schedule", "make_optimizer",
     "make_train_step", "matmul_params", "mfu", "outcome_reward", "pack", "peak_flops", "policy_loss",
     "reference_logprobs", "rloo_advantages", "sample_mask", "score_groups", "sft_loss", "state_shardings", "token_weights",
-    "tool_totals", "toolorchestra_reward", "train_flops", "turn_batch", "validity_mask",
+    "rollout_stats", "tool_totals", "toolorchestra_reward", "train_flops", "turn_batch",
+    "validity_mask",
 ]

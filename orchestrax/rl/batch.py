@@ -99,20 +99,26 @@ def direct_batch(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
     batch = pack(flat, pad_id=pad_id, max_len=max_len)
     batch["advantages"] = scores.advantages_QG.reshape(-1)
     batch["sample_mask"] = scores.keep_QG.reshape(-1).astype(np.float32)
-    f = scores.features
-    stats = {"rollout/reward_mean": float(np.mean(scores.reward_QG)),
-             "rollout/accuracy": float(outcome_QG.mean()),
-             "rollout/cost_mean": float(f.cost_QG.mean()),
-             "rollout/latency_mean": float(f.latency_QG.mean()),
-             # measured sampler time, queueing included: a metric, never reward
-             "rollout/generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
-             "rollout/format_error_rate": float((scores.format_errors_QG > 0).mean()),
-             "rollout/turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
-             "rollout/tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat])),
-             # Every episode comes back, as a trajectory or as a failed one (never lost).
-             "rollout/episodes": float(len(flat)),
-             "rollout/episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
+    stats = rollout_stats(scores, outcome_QG, flat) | {
+        # measured sampler time, queueing included: a metric, never reward
+        "rollout/generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
+        "rollout/tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat]))}
     return batch, stats | scores.counters | tool_totals(flat)
+
+
+def rollout_stats(scores: Any, outcome_QG: np.ndarray, flat: Sequence[Any]) -> dict[str, float]:
+    """The step's `rollout/` means over every trajectory of `score_groups`' [Q, G] `scores`
+    (`flat`: the trajectories, row-major), shared by every rollout mode's batch."""
+    f = scores.features
+    return {"rollout/reward_mean": float(np.mean(scores.reward_QG)),
+            "rollout/accuracy": float(outcome_QG.mean()),
+            "rollout/cost_mean": float(f.cost_QG.mean()),
+            "rollout/latency_mean": float(f.latency_QG.mean()),
+            "rollout/format_error_rate": float((scores.format_errors_QG > 0).mean()),
+            "rollout/turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
+            # Every episode comes back, as a trajectory or as a failed one (never lost).
+            "rollout/episodes": float(len(flat)),
+            "rollout/episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
 
 
 class _Dispatch(NamedTuple):

@@ -81,16 +81,8 @@ def rounds_batch(tasks: Sequence[Task], groups: Sequence[Sequence[Any]], outcome
     batch, info = rl.turn_batch(groups, scores.advantages_QG, scores.keep_QG, pad_id=pad_id,
                              max_turn_tokens=max_turn_tokens, row_multiple=q * g)
     flat = [tr for gr in groups for tr in gr]
-    f = scores.features
-    stats = {"rollout/reward_mean": float(np.mean(scores.reward_QG)),
-             "rollout/accuracy": float(outcome_QG.mean()),
-             "rollout/cost_mean": float(f.cost_QG.mean()),
-             "rollout/latency_mean": float(f.latency_QG.mean()),
-             "rollout/format_error_rate": float((scores.format_errors_QG > 0).mean()),
-             "rollout/turns_mean": float(np.mean([len(tr.turns) for tr in flat])),
-             "flow/turn_samples": float((info["rollout"] >= 0).sum()),
-             "flow/dropped_over_budget": float(info["dropped"].sum()),
-             "rollout/episodes": float(len(flat)),
-             "rollout/episodes_failed": float(sum(tr.end_reason == "error" for tr in flat))}
+    stats = rl.rollout_stats(scores, outcome_QG, flat) | {
+        "flow/turn_samples": float((info["rollout"] >= 0).sum()),
+        "flow/dropped_over_budget": float(info["dropped"].sum())}
     counters = {k: float(np.asarray(v)) for k, v in scores.counters.items()}
     return batch, stats | counters | rl.tool_totals(flat)
