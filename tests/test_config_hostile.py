@@ -45,3 +45,14 @@ def test_a_context_that_cannot_hold_the_prompt_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"rollout.context_tokens=8 cannot hold the prompt of "
                                          r"train task .* tokens before any reply; must be > "):
         Trainer(cfg)
+
+
+def test_a_warm_start_batch_that_does_not_split_over_the_devices_is_named(tmp_path):
+    # tiny_run's mesh shards the batch over all 8 fake devices; 12 rows would fail to place at
+    # the first SFT step, after the model and sampler are built.
+    cfg = dataclasses.replace(tiny_run(tmp_path, sft_steps=2, steps=0), sft_batch=12)
+    with pytest.raises(ValueError, match=r"sft_batch=12 does not split over the 8 devices of the "
+                                         r"mesh's batch axes; must be a multiple of 8 \(e.g. 8 "
+                                         r"or 16\)") as e:
+        Trainer(cfg)
+    assert "\n" not in str(e.value)

@@ -267,6 +267,16 @@ def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int) -> None:
                          f"{type(cfg.env).__name__} env has no eval tasks; set eval_every=0")
 
 
+def check_batch_split(cfg: TrainConfig, data_parallel: int) -> None:
+    """The warm start's rows split evenly over the devices the batch is sharded across (else
+    the first SFT step fails to place its batch, minutes into the run)."""
+    if cfg.sft_steps > 0 and cfg.sft_batch % data_parallel:
+        lo = data_parallel * max(1, cfg.sft_batch // data_parallel)
+        raise ValueError(f"sft_batch={cfg.sft_batch} does not split over the {data_parallel} "
+                         f"devices of the mesh's batch axes; must be a multiple of "
+                         f"{data_parallel} (e.g. {lo} or {lo + data_parallel})")
+
+
 def check_master_weights(cfg: TrainConfig, params: Any) -> None:
     """Refuse to train non-float32 parameters (see TrainConfig's model.param_dtype check); this
     catches weights loaded from hf_path, whose dtype the config alone does not show."""

@@ -72,6 +72,7 @@ class Trainer:
         # Multi-process: each process evaluates its own share (eval rows average the shares).
         self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
+        config.check_batch_split(cfg, rl.data_parallel_degree(self.mesh, parallel.DEFAULT_RULES)[0])
         self.tokenizer = registry.build_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
         config.check_vocab(cfg, self.tokenizer)
