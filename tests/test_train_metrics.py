@@ -165,6 +165,31 @@ def test_tool_totals_put_nameless_calls_under_one_key():
         "tools/_malformed/calls": 3.0, "tools/_malformed/cost_usd": 0.25}
 
 
+def test_tool_totals_never_make_a_key_the_metrics_log_refuses():
+    """A model-emitted name becomes a key segment only when it is one of the task's tools;
+    others go under `_unknown` or `_malformed`, and every key passes `check_key` (a name
+    like ',fast' once crashed a demo run at its first metrics row)."""
+    from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
+    from orchestrax.rl.batch import tool_totals
+    from orchestrax.train.metrics import check_key
+
+    names = [",fast", "fast", "cheap ", "fast\n", "über", "x" * 65, "fst", "a.b-c_d", "cheap"]
+    traj = Trajectory(task_id="t", turns=[TurnRecord(text="", tool_calls=[
+        ToolCallRecord(name=n, arguments={}, observation="", cost=0.5, ok=True)
+        for n in names])])
+    out = tool_totals([traj], known={"fast", "cheap", "a.b-c_d"})
+    for key in out:
+        check_key(key)
+    assert out == {"tools/fast/calls": 1.0, "tools/fast/cost_usd": 0.5,
+                   "tools/cheap/calls": 1.0, "tools/cheap/cost_usd": 0.5,
+                   "tools/a.b-c_d/calls": 1.0, "tools/a.b-c_d/cost_usd": 0.5,
+                   "tools/_unknown/calls": 1.0, "tools/_unknown/cost_usd": 0.5,
+                   "tools/_malformed/calls": 5.0, "tools/_malformed/cost_usd": 2.5}
+    # without the task's names every usable name is its own column, still a valid key
+    for key in tool_totals([traj]):
+        check_key(key)
+
+
 def test_every_key_is_in_the_one_slash_style(tmp_path):
     """`group/name` with a known group, or phase/step; a row with any other key is refused
     before anything is written (the trainer's own rows go through the same check)."""

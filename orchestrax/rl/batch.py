@@ -17,6 +17,7 @@ Rows are right-padded to a bucketed length so the jitted step recompiles once pe
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -58,14 +59,20 @@ def pack(sequences: Sequence[Any], *, pad_id: int, max_len: int,
     return out
 
 
-def tool_totals(trajectories: Iterable[Any]) -> dict[str, float]:
+def tool_totals(trajectories: Iterable[Any], known: Iterable[str] | None = None
+                ) -> dict[str, float]:
     """Calls and dollars per tool over `trajectories` (failed calls counted, at what they
     cost): `tools/<name>/calls`, `tools/<name>/cost_usd`. A call without a usable name (empty,
-    a '/', unprintable or over 64 characters) counts under `tools/_malformed/`."""
+    over 64 characters, or with a character outside letters, digits and `_.-`) counts under
+    `tools/_malformed/`; given the `known` tool names, a usable name outside them counts under
+    `tools/_unknown/`, so a model that invents names cannot grow the metrics' columns."""
+    known = None if known is None else set(known)
     out: dict[str, float] = {}
     for traj in trajectories:
         for call in traj.tool_calls:
             name = metric_name(call.name)
+            if known is not None and name != MALFORMED and name not in known:
+                name = UNKNOWN
             calls, cost = f"tools/{name}/calls", f"tools/{name}/cost_usd"
             out[calls] = out.get(calls, 0.0) + 1
             out[cost] = out.get(cost, 0.0) + float(call.cost)
@@ -73,12 +80,13 @@ def tool_totals(trajectories: Iterable[Any]) -> dict[str, float]:
 
 
 MALFORMED = "_malformed"
+UNKNOWN = "_unknown"
+_SEGMENT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def metric_name(name: object) -> str:
     """`name` as one metrics-key segment, or MALFORMED where it cannot be one."""
-    if (isinstance(name, str) and name.strip() and name.isprintable() and "/" not in name
-            and len(name) <= 64):
+    if isinstance(name, str) and _SEGMENT.fullmatch(name):
         return name
     return MALFORMED
 
@@ -103,7 +111,8 @@ def direct_batch(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
         # measured sampler time, queueing included: a metric, never reward
         "rollout/generation_wall_s_mean": float(np.mean([tr.generation_s for tr in flat])),
         "rollout/tokens_mean": float(np.mean([len(tr.token_ids) for tr in flat]))}
-    return batch, stats | scores.counters | tool_totals(flat)
+    known = {n for names in tool_names for n in names}
+    return batch, stats | scores.counters | tool_totals(flat, known)
 
 
 def rollout_stats(scores: Any, outcome_QG: np.ndarray, flat: Sequence[Any]) -> dict[str, float]:

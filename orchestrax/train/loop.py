@@ -384,7 +384,8 @@ class Trainer:
                "rollout/cost_mean": float(np.mean([tr.cost for tr in flat])),
                "rollout/latency_mean": float(np.mean([self.rollouts.clock_s(tr)
                                                       for tr in flat]))}
-        return (row | rollouts.env_stats(self.env, tasks, groups) | rl.tool_totals(flat)
+        known = {tool.spec.name for t in tasks for tool in self.env.tools(t)}
+        return (row | rollouts.env_stats(self.env, tasks, groups) | rl.tool_totals(flat, known)
                 | self._sampler_counters())
 
     def _sampler_counters(self) -> dict[str, float]:

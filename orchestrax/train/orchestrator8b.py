@@ -85,4 +85,4 @@ def rounds_batch(tasks: Sequence[Task], groups: Sequence[Sequence[Any]], outcome
         "flow/turn_samples": float((info["rollout"] >= 0).sum()),
         "flow/dropped_over_budget": float(info["dropped"].sum())}
     counters = {k: float(np.asarray(v)) for k, v in scores.counters.items()}
-    return batch, stats | counters | rl.tool_totals(flat)
+    return batch, stats | counters | rl.tool_totals(flat, TOOL_NAMES)
