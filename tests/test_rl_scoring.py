@@ -49,6 +49,30 @@ def test_format_errors_homogeneous_groups_and_preferences():
     assert s.counters["filter/homogeneous_groups"] == 1
 
 
+
+def test_invalid_zero_keeps_malformed_rollouts_as_failures():
+    """The group of test_empty_final_answer_is_no_answer plus a right answer whose turn was
+    malformed. invalid="drop": valid rows 0 and 5 (R 1, 0), A = [+1, 0, 0, 0, 0, -1].
+    invalid="zero": every row is a member with R = [1, 0, 0, 0, 0, 0] (the malformed right
+    answer scores 0 too): mean 1/6, std sqrt(5)/6, A_0 = (5/6) / (sqrt(5)/6) = sqrt(5), the
+    others -(1/6) / (sqrt(5)/6) = -1/sqrt(5); all six kept, nothing counted as dropped."""
+    group = [traj("A"), traj(""), traj(None), traj("  \n"), traj("A", format_error="bad json"),
+             traj("B")]
+    outcome = np.array([[1, 0, 0, 0, 1, 0]])
+    drop = rl.score_groups([group], outcome, [["search"]], [OUTCOME_ONLY],
+                           rl.GRPOConfig(adv_clip=None))
+    np.testing.assert_allclose(drop.advantages_QG, [[1, 0, 0, 0, 0, -1]], atol=1e-5)
+    np.testing.assert_array_equal(drop.keep_QG, [[True, False, False, False, False, True]])
+    zero = rl.score_groups([group], outcome, [["search"]], [OUTCOME_ONLY],
+                           rl.GRPOConfig(adv_clip=None, invalid="zero"))
+    np.testing.assert_allclose(zero.reward_QG, [[1, 0, 0, 0, 0, 0]])
+    np.testing.assert_allclose(zero.advantages_QG,
+                               [[np.sqrt(5)] + [-1 / np.sqrt(5)] * 5], atol=1e-5)
+    np.testing.assert_array_equal(zero.keep_QG, [[True] * 6])
+    assert zero.counters["filter/kept"] == 6 and zero.counters["filter/format_dropped"] == 0
+    with pytest.raises(ValueError, match="invalid"):
+        rl.GRPOConfig(invalid="penalise")
+
 def test_bad_outcome_shape_is_named():
     with pytest.raises(ValueError, match=r"shape \(1, 3\) but expected \(1, 2\)\. \[score_groups: "
                                          r"outcome_QG must be \[Q,G\] = \(1, 2\)"):

@@ -18,6 +18,9 @@ REWARD_SCOPES = ("group", "batch")
 SCHEDULES = ("cosine", "constant")
 
 
+INVALID_MODES = ("drop", "zero")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GRPOConfig:
     """Loss, advantage and batching hyperparameters of one GRPO update (`train_step`)."""
@@ -45,6 +48,10 @@ class GRPOConfig:
     # Filters and reward.
     min_group_std: float = 0.1
     reward_scope: str = "group"
+    # Rollouts with a malformed turn or no final answer: "drop" them (the paper's filter: no
+    # gradient, no part in the group's statistics) or score them "zero" (they stay in the group
+    # as failed tasks, R = 0, so a policy that breaks the format is pushed back).
+    invalid: str = "drop"
     # Resolution floors of the reward's features (a smaller spread over the scope is no
     # difference): dollars and seconds; a tool call's floor is one call.
     cost_resolution: float = 1e-4
@@ -82,6 +89,7 @@ class GRPOConfig:
         require(self.adv_clip is None or self.adv_clip > 0, self, "adv_clip", self.adv_clip,
                 "None or > 0")
         one_of(self, "reward_scope", self.reward_scope, REWARD_SCOPES)
+        one_of(self, "invalid", self.invalid, INVALID_MODES)
         for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, self, f, v, "an int >= 1")

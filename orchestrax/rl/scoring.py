@@ -23,8 +23,9 @@ class GroupScores(NamedTuple):
     format_errors_QG: np.ndarray    # int32 malformed turns per trajectory
     valid_QG: np.ndarray            # bool: no format error and a non-empty final answer
     reward_QG: np.ndarray           # float32, 0 where wrong or not valid
-    keep_QG: np.ndarray             # bool: valid and in a group whose reward std ≥ min_group_std
-    advantages_QG: np.ndarray       # float32, 0 where not valid
+    keep_QG: np.ndarray             # bool: valid (any, with invalid="zero") and in a group whose
+                                    # reward std ≥ min_group_std
+    advantages_QG: np.ndarray       # float32, 0 where not valid (invalid="drop")
     counters: dict[str, float]      # filter/* counts for metrics
 
 
@@ -50,10 +51,15 @@ def score_groups(groups: Sequence[Sequence[Any]], outcome_QG: np.ndarray,
                              feats.preference_QF, scope=gcfg.reward_scope, valid=valid,
                              resolution=Resolution(cost_usd=gcfg.cost_resolution,
                                                    latency_s=gcfg.latency_resolution))
-    keep, counters = sample_mask(R, format_errors=fmt, has_answer=answered,
-                                 min_std=gcfg.min_group_std)
+    if gcfg.invalid == "drop":
+        keep, counters = sample_mask(R, format_errors=fmt, has_answer=answered,
+                                     min_std=gcfg.min_group_std)
+        scored = valid
+    else:  # "zero": invalid rollouts stay in their group with R = 0
+        keep, counters = sample_mask(R, min_std=gcfg.min_group_std)
+        scored = np.ones_like(valid)
     A = compute_advantages(R, gcfg.adv_estimator, eps=gcfg.adv_eps, ddof=gcfg.adv_ddof,
-                           clip=gcfg.adv_clip, mask=valid)
+                           clip=gcfg.adv_clip, mask=scored)
     return GroupScores(feats, fmt, valid, np.asarray(R, np.float32), np.asarray(keep, bool),
                        np.asarray(A, np.float32),
                        {k: float(np.asarray(v)) for k, v in counters.items()})
