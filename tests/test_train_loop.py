@@ -84,6 +84,9 @@ def test_init_from_starts_rl_from_another_runs_params(tmp_path):
     assert (meta["phase"], meta["step"]) == ("sft", 4)
     rows = len((tmp_path / "warm" / "metrics.jsonl").read_text().splitlines())
     assert 0 < meta["metrics_rows"] <= rows
+    before = (tmp_path / "warm" / "metrics.jsonl").read_text()
+    assert train(warm) == []  # complete: a rerun runs nothing and keeps the final eval row
+    assert (tmp_path / "warm" / "metrics.jsonl").read_text() == before
     rl_cfg = dataclasses.replace(tiny_run(tmp_path / "rl", steps=1, sft_steps=0),
                                  init_from=str(tmp_path / "warm"), eval_every=1)
     history = train(rl_cfg)

@@ -103,6 +103,10 @@ class Trainer:
         keep_rows, resumed_at = 0, None  # metrics rows of the restored checkpoint
         if cfg.resume and self.ckpt.latest_step is not None:
             keep_rows, resumed_at = self._resume()
+            if self.phase == "rl" and self.step >= cfg.steps:
+                # Complete: nothing re-runs, so the rows after the last checkpoint (the final
+                # eval) stay.
+                keep_rows, resumed_at = 1 << 62, None
         elif cfg.init_from is not None:
             params, _, meta = checkpoint.read_params(
                 run_info.out_path(cfg.init_from) / "checkpoints", like=self.state.params)
