@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import runpy
 import shutil
 import subprocess
@@ -83,12 +84,19 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConf
     for label, row, ev in rows:
         adh = ev["adherence"]
         lines.append(
-            f"{label:24s}{row.get('env/preferred_share_cost', float('nan')):12.2f}"
-            f"{row.get('env/preferred_share_latency', float('nan')):14.2f}"
-            f"{row['rollout/accuracy']:9.2f}"
-            f"{ev['share']['cost']:13.2f}{ev['share']['latency']:8.2f}{ev['accuracy']:9.2f}"
-            f"{'-' if adh is None else f'{adh:.3f}':>10s}")
+            f"{label:24s}{_cell(row.get('env/preferred_share_cost'), 12)}"
+            f"{_cell(row.get('env/preferred_share_latency'), 14)}"
+            f"{_cell(row['rollout/accuracy'], 9)}{_cell(ev['share']['cost'], 13)}"
+            f"{_cell(ev['share']['latency'], 8)}{_cell(ev['accuracy'], 9)}"
+            f"{_cell(adh, 10, '.3f')}")
+    if any(math.isnan(ev["share"][k]) for _, _, ev in rows for k in KINDS):
+        lines.append("(-: no tool call on that kind's tasks, so no share)")
     return "\n".join(lines)
+
+
+def _cell(x: float | None, width: int, fmt: str = ".2f") -> str:
+    """`x` right-aligned in `width`, or '-' where it is missing or NaN (a share of no calls)."""
+    return f"{'-' if x is None or math.isnan(x) else format(x, fmt):>{width}s}"
 
 
 def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None) -> dict[str, Any]:
