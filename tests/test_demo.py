@@ -25,7 +25,6 @@ def test_preferred_shares_count_calls_per_kind():
     assert math.isnan(demo.preferred_shares(records[:2], RoutingConfig())["latency"])
 
 
-
 def test_table_prints_a_dash_for_a_share_of_no_calls():
     """A policy that called no tool on a kind's tasks has no share there: '-' and a footnote,
     not 'nan'; the other cells keep their numbers."""

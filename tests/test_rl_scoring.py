@@ -49,7 +49,6 @@ def test_format_errors_homogeneous_groups_and_preferences():
     assert s.counters["filter/homogeneous_groups"] == 1
 
 
-
 def test_invalid_zero_keeps_malformed_rollouts_as_failures():
     """The group of test_empty_final_answer_is_no_answer plus a right answer whose turn was
     malformed. invalid="drop": valid rows 0 and 5 (R 1, 0), A = [+1, 0, 0, 0, 0, -1].
@@ -72,6 +71,7 @@ def test_invalid_zero_keeps_malformed_rollouts_as_failures():
     assert zero.counters["filter/kept"] == 6 and zero.counters["filter/format_dropped"] == 0
     with pytest.raises(ValueError, match="invalid"):
         rl.GRPOConfig(invalid="penalise")
+
 
 def test_bad_outcome_shape_is_named():
     with pytest.raises(ValueError, match=r"shape \(1, 3\) but expected \(1, 2\)\. \[score_groups: "

@@ -15,10 +15,8 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
 KL_ESTIMATORS = ("k1", "k3", "mse")
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 REWARD_SCOPES = ("group", "batch")
-SCHEDULES = ("cosine", "constant")
-
-
 INVALID_MODES = ("drop", "zero")
+SCHEDULES = ("cosine", "constant")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ from orchestrax.agent.subagent import (ROLES, SubagentRollout, build_subagents, 
                                        query_tools, run_query)
 from orchestrax.data.records import Task
 from orchestrax.rollout.base import SamplerConfig
-from orchestrax.train.rollouts import grouped
+from orchestrax.train.rollouts import grouped, task_tool_names
 from orchestrax.train.agent_config import AgentConfig
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class FlowRunner:
     def make_batch(self, tasks, groups, outcome, pad_id: int
                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         q, g = outcome.shape
-        names = [[t.spec.name for t in self.env.tools(task)] for task in tasks]
+        names = task_tool_names(self.env, tasks)
         spt, sub = self.speeds()
         return rl.flow_batch(groups, outcome, self.agent_names,
                              preferences(tasks, self.agent_names, names), self.cfg.grpo,

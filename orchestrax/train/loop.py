@@ -103,7 +103,7 @@ class Trainer:
         keep_rows, resumed_at = 0, None  # metrics rows of the restored checkpoint
         if cfg.resume and self.ckpt.latest_step is not None:
             keep_rows, resumed_at = self._resume()
-            if self.phase == "rl" and self.step >= cfg.steps:
+            if self._complete():
                 # Complete: nothing re-runs, so the rows after the last checkpoint (the final
                 # eval) stay.
                 keep_rows, resumed_at = 1 << 62, None
@@ -198,7 +198,7 @@ class Trainer:
     # --- phases --------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
         history = []
-        if self.phase == "rl" and self.step >= self.cfg.steps:
+        if self._complete():
             log.info("already complete: %s holds all %d RL steps; nothing to do (raise "
                      "steps, or pick another out_dir to start over)", self.out, self.cfg.steps)
             self._close()
@@ -215,6 +215,10 @@ class Trainer:
                      "orchestrax eval --policy %s --tasks TASKS", self.cfg.name,
                      self.metrics.path, png, self.out, self.out)
         return history
+
+    def _complete(self) -> bool:
+        """Every RL step is done (a warm start with steps=0 is complete after its SFT)."""
+        return self.phase == "rl" and self.step >= self.cfg.steps
 
     def _close(self) -> None:
         self.ckpt.close()
@@ -388,7 +392,7 @@ class Trainer:
                "rollout/cost_mean": float(np.mean([tr.cost for tr in flat])),
                "rollout/latency_mean": float(np.mean([self.rollouts.clock_s(tr)
                                                       for tr in flat]))}
-        known = {tool.spec.name for t in tasks for tool in self.env.tools(t)}
+        known = {n for names in rollouts.task_tool_names(self.env, tasks) for n in names}
         return (row | rollouts.env_stats(self.env, tasks, groups) | rl.tool_totals(flat, known)
                 | self._sampler_counters())
 

@@ -155,11 +155,16 @@ def direct_batch(cfg: Any, env: Environment, tasks: Sequence[Task],
             raise ValueError(f"task {task.task_id!r} has no preference vector; keep "
                              "TrainConfig.instances.preferences=True or give tasks their P")
     # Tool-count columns are aligned by tool name across the instances' tool subsets.
-    names = [[tool.spec.name for tool in env.tools(t)] for t in tasks]
     batch, stats = rl.batch.direct_batch(
-        groups, outcome, names, [t.preference for t in tasks], cfg.grpo, pad_id=pad_id,
-        max_len=cfg.rollout.context_tokens, seconds_per_token=cfg.rollout.seconds_per_token)
+        groups, outcome, task_tool_names(env, tasks), [t.preference for t in tasks], cfg.grpo,
+        pad_id=pad_id, max_len=cfg.rollout.context_tokens,
+        seconds_per_token=cfg.rollout.seconds_per_token)
     return batch, stats | env_stats(env, tasks, groups)
+
+
+def task_tool_names(env: Environment, tasks: Sequence[Task]) -> list[list[str]]:
+    """The names of each task's tools (its instance's subset), in the env's order."""
+    return [[tool.spec.name for tool in env.tools(t)] for t in tasks]
 
 
 def env_stats(env: Environment, tasks: Sequence[Task], groups: Sequence[Sequence[Any]]
