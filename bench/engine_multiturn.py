@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench.common import record  # noqa: E402
 from orchestrax import models  # noqa: E402
-from orchestrax.rollout.base import GenerateRequest, SamplingParams  # noqa: E402
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams  # noqa: E402
 from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler  # noqa: E402
 
 

@@ -35,7 +35,7 @@ from orchestrax.eval.policy import load_policy  # noqa: E402
 from orchestrax.eval.report import table  # noqa: E402
 from orchestrax.eval.runners import EvalConfig  # noqa: E402
 from orchestrax.eval.tasksets import TaskSetOptions, data_dir  # noqa: E402
-from orchestrax.rollout.base import SamplingParams  # noqa: E402
+from orchestrax.rollout.sampler import SamplingParams  # noqa: E402
 
 
 def trained_runs(demo: pathlib.Path, sft_steps: int,

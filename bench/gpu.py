@@ -118,7 +118,7 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     import numpy as np
     from orchestrax import models
     from orchestrax.rollout import engine as eng_mod
-    from orchestrax.rollout.base import GenerateRequest, SamplingParams
+    from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 
     if smoke:
         cfg, prompt, new = models.tiny_config(), 8, 8

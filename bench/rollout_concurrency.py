@@ -30,8 +30,8 @@ from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.pool import EpisodePool
 from orchestrax.agent.scripted import scripted_logprob, tiny_qwen3_tokenizer, tiny_tokenizer
 from orchestrax.data.records import Task
-from orchestrax.rollout.base import GenerateResult
-from orchestrax.tools.base import Pricing, ToolResult, ToolSpec
+from orchestrax.rollout.sampler import GenerateResult
+from orchestrax.tools.tool import Pricing, ToolResult, ToolSpec
 
 TOOL_NAMES = ("search", "python", "llm")
 

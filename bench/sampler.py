@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench.common import median_seconds, peak_rss_mib, record  # noqa: E402
 from orchestrax import models  # noqa: E402
-from orchestrax.rollout.base import GenerateRequest, SamplingParams  # noqa: E402
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams  # noqa: E402
 from orchestrax.rollout.embedded import EmbeddedSampler  # noqa: E402
 
 

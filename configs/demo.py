@@ -12,7 +12,7 @@ from orchestrax import models
 from orchestrax.envs.routing import LookupTool, RoutingConfig
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
 OUT = "runs/demo"
 SFT_STEPS = 60

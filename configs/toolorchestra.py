@@ -33,7 +33,7 @@ from orchestrax.tools.randomize import RandomizeConfig
 from orchestrax.tools.sandbox import SandboxConfig
 from orchestrax.tools.search_index import SearchIndexConfig
 from orchestrax.tools.web_search import WebSearchConfig
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
 # ../shared/data of this checkout (tau2 domains, QA sets, the Wikipedia corpus); edit for yours.
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"

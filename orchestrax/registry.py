@@ -13,14 +13,14 @@ from typing import Any, Callable, Mapping
 
 from orchestrax import models
 from orchestrax.agent.codec import Codec
-from orchestrax.envs.base import EnvConfig, Environment
+from orchestrax.envs.environment import EnvConfig, Environment
 from orchestrax.envs.mixture import MixConfig
 from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.envs.tau2.env import Tau2Config
 from orchestrax.envs.toolscale import ToolScaleConfig
-from orchestrax.rollout.base import Sampler, SamplerConfig
-from orchestrax.tools.base import Tool
+from orchestrax.rollout.sampler import Sampler, SamplerConfig
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.catalog import CatalogConfig
 
 Catalog = Mapping[str, Tool]

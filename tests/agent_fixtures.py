@@ -10,7 +10,7 @@ import asyncio
 import importlib.resources
 import time
 
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolError, ToolResult, ToolSpec
 
 
 def qwen3_chat_template(*, training: bool = False) -> str:
@@ -68,7 +68,7 @@ def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7, **fields):
     from orchestrax.agent.scripted import tiny_qwen3_tokenizer
     from orchestrax.train import run_info
     from orchestrax.train.checkpoint import Checkpointer
-    from orchestrax.train.config import TrainConfig
+    from orchestrax.train.train_config import TrainConfig
     from orchestrax.train.setup import write_model_card
     tok = tiny_qwen3_tokenizer()
     cfg = models.tiny_config(vocab_size=len(tok))

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.sglang_client import post_json
 

@@ -19,7 +19,7 @@ from orchestrax import models, parallel, rl
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train import batching
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
 MODEL = models.tiny_config(vocab_size=512, hidden_size=32, intermediate_size=64, num_heads=2,
                            num_kv_heads=1, head_dim=16)

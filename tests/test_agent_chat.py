@@ -10,7 +10,7 @@ from agent_fixtures import qwen3_chat_template
 
 from orchestrax.agent import chat
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-from orchestrax.tools.base import Pricing, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolSpec
 
 SEARCH = ToolSpec(name="search", description="Search the local wiki.",
                   parameters={"type": "object", "properties": {"query": {"type": "string"}},

@@ -10,7 +10,7 @@ from agent_fixtures import SleepTool
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
-from orchestrax.rollout.base import SamplingParams
+from orchestrax.rollout.sampler import SamplingParams
 
 from orchestrax import models
 from orchestrax.rollout import embedded

@@ -11,7 +11,7 @@ from orchestrax.agent.episode import (Codec, EpisodeConfig, UserReply, prompt_me
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.agent.scripted import ScriptedSampler, scripted_logprob, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
-from orchestrax.rollout.base import GenerateResult
+from orchestrax.rollout.sampler import GenerateResult
 
 TOK = tiny_qwen3_tokenizer()
 TASK = Task(task_id="t0", messages=({"role": "system", "content": "You are an orchestrator."},

@@ -21,8 +21,8 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.parser import ToolCallParser, tagged_blocks
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
-from orchestrax.rollout.base import GenerateResult
-from orchestrax.tools.base import ToolSpec
+from orchestrax.rollout.sampler import GenerateResult
+from orchestrax.tools.tool import ToolSpec
 
 TOK = tiny_qwen3_tokenizer()
 CODEC = Codec(TOK)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from orchestrax.agent import chat
 from orchestrax.agent.parser import ToolCallParser, extract_answer, split_thinking
-from orchestrax.tools.base import ToolSpec
+from orchestrax.tools.tool import ToolSpec
 
 SEARCH = ToolSpec(name="search", description="Search.",
                   parameters={"type": "object",

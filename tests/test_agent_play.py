@@ -19,7 +19,7 @@ from orchestrax.agent.episode import EpisodeConfig, UserReply, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment
+from orchestrax.envs.environment import Environment
 from orchestrax.train import rollouts
 
 TOK = tiny_qwen3_tokenizer()

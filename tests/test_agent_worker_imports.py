@@ -19,7 +19,7 @@ class HeavyModules:
 
     def __init__(self, tokenizer: str, tokenizer_dir: str | None):
         from orchestrax import models
-        from orchestrax.train.config import TrainConfig
+        from orchestrax.train.train_config import TrainConfig
         from orchestrax.train.rollouts import EpisodePlayer
 
         cfg = TrainConfig(name="imports", out_dir="/tmp/unused", model=models.tiny_config(),

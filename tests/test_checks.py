@@ -9,7 +9,7 @@ from orchestrax import models, rl
 from orchestrax.checks import above, at_least, one_of, require
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.agent.subagent import MemoryLimits, OrchestratorConfig, SubAgentConfig
-from orchestrax.eval.subagent import SubagentOptions
+from orchestrax.eval.subagent_runner import SubagentOptions
 
 
 @dataclasses.dataclass

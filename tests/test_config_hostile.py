@@ -8,7 +8,7 @@ import pytest
 from test_train_loop import tiny_run
 
 from orchestrax import models
-from orchestrax.train.config import RolloutConfig
+from orchestrax.train.train_config import RolloutConfig
 from orchestrax.train.loop import Trainer
 
 

@@ -139,7 +139,7 @@ def test_the_runnable_lines_run_as_pasted(tmp_path, monkeypatch, capsys):
     from agent_fixtures import write_tiny_run
     from orchestrax.cli import main as cli
     from orchestrax.envs.routing import RoutingConfig
-    from orchestrax.train.config import RolloutConfig
+    from orchestrax.train.train_config import RolloutConfig
     write_tiny_run(tmp_path / "runs" / "demo" / "grpo", name="grpo", seed=0,
                    env=RoutingConfig(num_train=4, num_eval=2),
                    rollout=RolloutConfig(max_turns=2, max_new_tokens=8, context_tokens=1024,

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from orchestrax.data.records import Trajectory
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 from orchestrax.tools.domain_worker import (DomainWorker, EpisodeTools, WorkerConfig, WorkerState,
                                             tool_specs)
 from orchestrax.tools.sandbox import SandboxConfig

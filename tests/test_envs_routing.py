@@ -14,7 +14,7 @@ from orchestrax.agent.episode import EpisodeConfig, prompt_messages, run_episode
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.envs.routing import LookupTool, RoutingConfig, RoutingEnv
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 
 
 def _fingerprint(tasks):

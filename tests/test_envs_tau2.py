@@ -12,7 +12,7 @@ from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 from orchestrax.envs import tau2
 from orchestrax.envs.tau2.env import Tau2Env
 from orchestrax.envs.tau2.verify import GoldCache, check, gold_actions, missing_info
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 
 DOMAINS = ("retail", "airline")
 

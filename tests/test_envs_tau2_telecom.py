@@ -14,7 +14,7 @@ from orchestrax.envs.tau2.telecom import TelecomDomain, compare_action, gold_act
 from orchestrax.envs.tau2.telecom_episode import TelecomEpisode
 from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
 from loopback import ScriptedChatServer
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 from orchestrax.tools.chat_client import ChatEndpoint
 
 

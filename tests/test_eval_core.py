@@ -14,13 +14,13 @@ from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.eval.core import at_turn_limit, evaluate
-from orchestrax.eval.metrics import preference_adherence, summarize
+from orchestrax.eval.scores import preference_adherence, summarize
 from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.suite import EvalRun, run_eval, write_outputs
 from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
-from orchestrax.rollout.base import SamplingParams
+from orchestrax.rollout.sampler import SamplingParams
 
 CHEAP = '<tool_call>\n{"name": "lookup_cheap", "arguments": {}}\n</tool_call>'
 FAST = '<tool_call>\n{"name": "lookup_fast", "arguments": {}}\n</tool_call>'
@@ -216,7 +216,7 @@ def test_tau2_episode_through_eval_by_hand(shared_data):
 
 def test_subagent_runner_refuses_a_chat_policy_by_its_type():
     from orchestrax.eval.policy import ChatPolicy
-    from orchestrax.eval.subagent import run_subagent
+    from orchestrax.eval.subagent_runner import run_subagent
     from orchestrax.tools.chat_client import ChatEndpoint
 
     ts = load_task_set("routing", OPTS)

@@ -15,11 +15,11 @@ from orchestrax.cli import main as cli
 from orchestrax.envs.routing import RoutingConfig
 from loopback import ScriptedChatServer
 from orchestrax.eval.core import evaluate
-from orchestrax.eval.metrics import summarize
+from orchestrax.eval.scores import summarize
 from orchestrax.eval.policy import ChatPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
-from orchestrax.tools.base import Pricing
+from orchestrax.tools.tool import Pricing
 from orchestrax.tools.chat_client import ChatEndpoint
 
 CHEAP = '<tool_call>\n{"name": "lookup_cheap", "arguments": {}}\n</tool_call>'
@@ -178,7 +178,7 @@ def test_failed_requests_are_errors_and_fail_the_command(tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
     from agent_fixtures import write_tiny_run
-    from orchestrax.train.config import RolloutConfig
+    from orchestrax.train.train_config import RolloutConfig
 
     run = tmp_path / "run"
     write_tiny_run(run, name="t", env=RoutingConfig(num_eval=2),
@@ -247,7 +247,7 @@ from orchestrax.envs.qa import QAConfig
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import LLMToolConfig
-from orchestrax.train.config import TrainConfig
+from orchestrax.train.train_config import TrainConfig
 
 def config():
     expert = LLMToolConfig(name="expert", role="generalist",
@@ -281,7 +281,7 @@ def test_a_sampled_eval_row_is_named_as_an_estimate(tmp_path):
     single-sample accuracy estimates that row rather than repeating it."""
     from agent_fixtures import write_tiny_run
     from orchestrax.eval.eval_command import EvalCommand, resolve_settings
-    from orchestrax.train.config import RolloutConfig
+    from orchestrax.train.train_config import RolloutConfig
 
     run = tmp_path / "run"
     write_tiny_run(run, name="t", env=RoutingConfig(num_eval=2), rollout=RolloutConfig(),

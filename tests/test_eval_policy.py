@@ -21,7 +21,7 @@ import tensorstore as ts
 from orchestrax import models, rl
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.policy import TokenPolicy, load_policy
-from orchestrax.rollout.base import Sampler
+from orchestrax.rollout.sampler import Sampler
 from orchestrax.train import checkpoint
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.setup import write_model_card

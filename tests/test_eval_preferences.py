@@ -148,7 +148,7 @@ def test_trainer_gives_every_instance_its_tools_sheet_and_p(tmp_path, monkeypatc
     from orchestrax.tools.chat_client import ChatEndpoint
     from orchestrax.tools.llm_tool import LLMToolConfig
     from orchestrax.train import loop
-    from orchestrax.train.config import RolloutConfig, TrainConfig
+    from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(f'{{"id": {i}, "question": "q{i}?", "answer": "a{i}"}}\n'

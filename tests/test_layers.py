@@ -1,6 +1,6 @@
 """The layers of DESIGN.md, checked on the source: no import cycle between modules, no import from
-a lower package to a higher one, no module that nothing reaches, and no environment or sampler
-backend constructed anywhere but in the registry.
+a lower package to a higher one, no module that nothing reaches, no two modules of one name, and no
+environment or sampler backend constructed anywhere but in the registry.
 
 Imports are read from the AST of every file, function bodies and `if TYPE_CHECKING:` blocks
 included (a lazy or type-only import still ties two layers together), relative imports resolved."""
@@ -39,7 +39,7 @@ ALLOWED = {FOUNDATION: set()} | {p: deps | {FOUNDATION} for p, deps in ALLOWED.i
 # (package, package it imports) -> the only modules it may import there: the agent layer knows
 # the sampler interface, never a sampler implementation (DESIGN.md: agent must not know "how a
 # sampler is implemented").
-NARROW = {("agent", "rollout"): {"orchestrax.rollout.base"}}
+NARROW = {("agent", "rollout"): {"orchestrax.rollout.sampler"}}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -176,9 +176,30 @@ def test_every_module_is_reached():
     assert sorted(set(MODULES) - reached - {"orchestrax"}) == []
 
 
-# Parts only the registry builds: environments (subclasses of envs.base.Environment) and sampler
-# backends (subclasses of rollout.base.Sampler defined in rollout/; the scripted sampler of
-# agent/ is a fixture that replays given text), and the functions that return one.
+def _shared_names(modules: list[str]) -> dict[str, list[str]]:
+    """Last name -> the modules (packages included: `a.b` is a module too) that share it."""
+    by_name: dict[str, list[str]] = {}
+    for m in modules:
+        if m != "orchestrax":
+            by_name.setdefault(m.rsplit(".", 1)[-1], []).append(m)
+    return {n: sorted(ms) for n, ms in by_name.items() if len(ms) > 1}
+
+
+def test_no_two_modules_share_a_name():
+    # `from x import metrics` or a traceback's `config.py` must say which one it means.
+    assert _shared_names(list(MODULES)) == {}
+
+
+def test_the_name_check_finds_a_shared_name():
+    modules = ["orchestrax", "orchestrax.a", "orchestrax.a.sub", "orchestrax.b.sub", "orchestrax.c",
+               "orchestrax.d.a"]
+    assert _shared_names(modules) == {"a": ["orchestrax.a", "orchestrax.d.a"],
+                                      "sub": ["orchestrax.a.sub", "orchestrax.b.sub"]}
+
+
+# Parts only the registry builds: environments (subclasses of envs.environment.Environment) and
+# sampler backends (subclasses of rollout.sampler.Sampler defined in rollout/; the scripted
+# sampler of agent/ is a fixture that replays given text), and the functions that return one.
 REGISTRY = "orchestrax.registry"
 PART_ROOTS = {"Environment": "orchestrax.envs", "Sampler": "orchestrax.rollout"}
 

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from orchestrax.train.metrics import MetricsLog, WandbConfig
+from orchestrax.train.metrics_log import MetricsLog, WandbConfig
 
 
 def _records(path):

@@ -16,18 +16,19 @@ import pytest
 from orchestrax import models, registry
 from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
-from orchestrax.agent.orchestrator8b import (SLOTS, ContextBudget, RoundContext, default_tools,
-                                             load_tools, parse_choice, round_messages)
+from orchestrax.agent.orchestrator8b_protocol import (SLOTS, ContextBudget, RoundContext,
+                                                      default_tools, load_tools, parse_choice,
+                                                      round_messages)
 from orchestrax.agent.orchestrator8b_experts import (ExpertPool, boxed, load_experts,
                                                      tool_retriever)
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.envs.qa import QAConfig
-from orchestrax.eval.orchestrator8b import Orchestrator8BOptions, run_orchestrator8b
+from orchestrax.eval.orchestrator8b_runner import Orchestrator8BOptions, run_orchestrator8b
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.suite import EvalRun, run_eval
 from orchestrax.agent.episode import EpisodeConfig
-from orchestrax.rollout.base import SamplerConfig
+from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.tools.local_search import LocalSearchTool
 from orchestrax.tools.sandbox import SandboxConfig
 from orchestrax.tools.search_index import SearchIndexConfig, build_index_async
@@ -314,9 +315,9 @@ def test_every_round_is_a_row_with_its_rollouts_advantage(qa_set):
     """Two rollouts of one task: search then a right answer (2 rounds), a wrong answer at once
     (1 round). P weighs the outcome only, so R = (1, 0), A = (+a, -a), and each rollout's rounds
     are rows carrying its A, loss only on the ids the round sampled."""
-    from orchestrax.agent.orchestrator8b import play_rounds, token_rounds
+    from orchestrax.agent.orchestrator8b_protocol import play_rounds, token_rounds
     from orchestrax.rl import GRPOConfig
-    from orchestrax.train.orchestrator8b import rounds_batch
+    from orchestrax.train.orchestrator8b_rollouts import rounds_batch
     tasks, search = qa_set
     tok = tiny_qwen3_tokenizer()
     codec = Codec(tok)
@@ -367,7 +368,7 @@ def test_train_runs_the_protocol_from_an_hf_checkpoint(qa_set, tiny_hf, tmp_path
     8 of them: 2 tasks x 4 rollouts x 1 round, a multiple of the 8 fake devices)."""
     from orchestrax.rl import GRPOConfig, OptimizerConfig
     from orchestrax.train.agent_config import AgentConfig
-    from orchestrax.train.config import RolloutConfig, TrainConfig
+    from orchestrax.train.train_config import RolloutConfig, TrainConfig
     from orchestrax.train.loop import train
     tasks, _ = qa_set
     corpus = tasks.parent / "corpus.jsonl"

@@ -12,7 +12,7 @@ from orchestrax.envs.mixture import MixConfig, MixSource
 from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.tau2 import Tau2Config
 from orchestrax.train import setup
-from orchestrax.train.config import TrainConfig
+from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.overrides import load_config
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"

@@ -16,7 +16,7 @@ from orchestrax import models, registry
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.data.records import Task
-from orchestrax.envs.base import EnvConfig, Environment
+from orchestrax.envs.environment import EnvConfig, Environment
 from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.eval.core import evaluate
@@ -24,8 +24,8 @@ from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
 from orchestrax.rl import GRPOConfig, OptimizerConfig
-from orchestrax.rollout.base import GenerateResult, Sampler, SamplerConfig
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.rollout.sampler import GenerateResult, Sampler, SamplerConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 from orchestrax.train.loop import train
 
 

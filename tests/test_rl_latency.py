@@ -13,7 +13,7 @@ from orchestrax import models, rl
 from orchestrax.agent.episode import sample_turn
 from orchestrax.data.preferences import PAIRS_TRAIN
 from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.rollout.base import SamplingParams
+from orchestrax.rollout.sampler import SamplingParams
 from orchestrax.rollout.embedded import make_embedded_sampler
 
 CFG = models.tiny_config()

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 from loopback import check_token_episode, free_port, start_tiny_server, token_episode
 
-from orchestrax.rollout.base import GenerateRequest
+from orchestrax.rollout.sampler import GenerateRequest
 from orchestrax.rollout.sglang_client import (SamplerUnavailable, SGLangClient,
                                               SGLangClientConfig)
 

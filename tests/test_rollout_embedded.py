@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrax import models, parallel
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler, bucket
 
 CFG = models.tiny_config(tie_embeddings=False)

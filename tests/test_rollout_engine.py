@@ -16,7 +16,7 @@ import pytest
 
 from orchestrax import models
 from orchestrax.rollout import engine as engine_mod
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler
 from orchestrax.rollout.engine import ContinuousEngine
 

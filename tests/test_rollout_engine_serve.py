@@ -17,12 +17,12 @@ import pytest
 from orchestrax import cli, models, registry
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import engine as engine_mod
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.train import serve as serve_mod
 from orchestrax.train import setup
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
 TOK = tiny_qwen3_tokenizer()
 CFG = models.tiny_config(vocab_size=len(TOK), tie_embeddings=False)

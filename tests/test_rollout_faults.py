@@ -14,7 +14,7 @@ from loopback import check_token_episode, free_port, serve_app, start_tiny_serve
 
 from orchestrax.agent.executor import ExecutorConfig, ToolExecutor, ToolLimits
 from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolError, ToolResult, ToolSpec
 
 
 def fault_proxy(upstream: str, faults, delay_s: float = 0.0):

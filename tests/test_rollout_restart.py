@@ -25,7 +25,7 @@ from loopback import check_token_episode, free_port, serve_app, token_episode
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.data.records import Trajectory, TurnRecord
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.sglang_client import UNSYNCED_VERSION, SGLangClient, SGLangClientConfig
 from orchestrax.train.rollouts import drop_stale
 

@@ -11,7 +11,7 @@ from loopback import run_serve
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import protocol
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler
 from orchestrax.rollout.server import ServerState
 from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig

@@ -16,7 +16,7 @@ from loopback import post, run_serve
 from orchestrax import cli, models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import http_io
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler
 from orchestrax.rollout.fair import FairQueue
 from orchestrax.rollout.server import ServerState

@@ -12,7 +12,7 @@ from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.eval.grid import GridPoint, grid_points, grid_table, run_grid, write_grid
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.runners import EvalConfig
-from orchestrax.eval.subagent import SubagentOptions
+from orchestrax.eval.subagent_runner import SubagentOptions
 from orchestrax.eval.suite import EvalRun
 from orchestrax.eval.tasksets import TaskSetOptions
 from orchestrax.tools.python_tool import PythonTool

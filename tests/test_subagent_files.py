@@ -10,7 +10,7 @@ from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.subagent import ROLES, FileReadTool, SubAgent
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 
 
 def write_pdf(path, pages):

@@ -13,7 +13,7 @@ from orchestrax.agent.subagent import (FileReadTool, OrchestratorConfig, SubAgen
                                        build_subagents, run_query, thinking_flags)
 from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
 from orchestrax.data.records import Task
-from orchestrax.tools.base import Pricing
+from orchestrax.tools.tool import Pricing
 from orchestrax.tools.bm25 import BM25
 from orchestrax.tools.local_search import LocalSearchTool
 from orchestrax.tools.python_tool import PythonTool

@@ -11,7 +11,7 @@ import pytest
 from orchestrax import models
 from orchestrax.envs.qa import QAConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 from orchestrax.train.agent_config import AgentConfig
 from orchestrax.train.loop import Trainer
 

@@ -282,7 +282,7 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
     from orchestrax import models
     from orchestrax.envs.toolscale import ToolScaleConfig
     from orchestrax.rl import GRPOConfig, OptimizerConfig
-    from orchestrax.train.config import RolloutConfig, TrainConfig
+    from orchestrax.train.train_config import RolloutConfig, TrainConfig
     from orchestrax.train.loop import train
 
     run = tmp_path / "run"

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from orchestrax.tools.base import Pricing, ToolError, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolError, ToolSpec
 from orchestrax.tools.catalog import CatalogConfig, build_catalog
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import LLMTool, LLMToolConfig

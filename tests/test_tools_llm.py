@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from loopback import ScriptedChatServer, run_serve, serve_app
 
-from orchestrax.tools.base import Pricing, ToolError
+from orchestrax.tools.tool import Pricing, ToolError
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.llm_tool import ROLES, LLMTool, LLMToolConfig, extract_code
 from orchestrax.tools.sandbox import SandboxConfig

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from orchestrax.tools.base import Pricing, ToolError
+from orchestrax.tools.tool import Pricing, ToolError
 from orchestrax.tools.python_tool import PythonTool
 from orchestrax.tools.sandbox import (SandboxConfig, SandboxUnavailable, TRUNCATION_MARKER,
                                       build_argv, check_available, run_python)

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from loopback import serve_app
 
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 from orchestrax.tools.embed import EmbedderConfig, MiniLMEmbedder, OpenAIEmbedder
 from orchestrax.tools.local_search import LocalSearchTool
 from orchestrax.tools.search_eval import derive_queries, paraphrase_query, recall_at_k

@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 from loopback import serve_app
 
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 from orchestrax.tools.web_search import USD_PER_CREDIT, WebSearchConfig, WebSearchTool
 
 KEY = "tvly-test-key"

@@ -15,7 +15,7 @@ from orchestrax.envs.tau2 import Tau2Config
 from orchestrax.envs.tau2.domain import load_domain
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax import checks
-from orchestrax.train.config import (RolloutConfig, TrainConfig, check_env_fits,
+from orchestrax.train.train_config import (RolloutConfig, TrainConfig, check_env_fits,
                                      check_master_weights)
 from orchestrax.train.loop import Trainer
 from orchestrax.train.overrides import apply_overrides
@@ -181,7 +181,7 @@ def test_a_gs_out_dir_stays_gs_and_makes_no_local_gs_folder(tmp_path, monkeypatc
     """configs/qwen3_tpu.py writes under gs://: checkpoints (Orbax) get the gs:// path, the
     files that need a local file system a mirror under ~/.cache; nothing contacts GCS."""
     from etils import epath
-    from orchestrax.train import config as train_config, run_info
+    from orchestrax.train import train_config, run_info
     from orchestrax.train.checkpoint import Checkpointer
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -212,7 +212,7 @@ def test_processes_sharing_an_out_dir_check_it_at_once(tmp_path):
     two-process trainer with 'No such file or directory')."""
     import concurrent.futures
 
-    from orchestrax.train import config as train_config
+    from orchestrax.train import train_config
     cfg = TrainConfig(name="x", out_dir=str(tmp_path / "run"), model=models.tiny_config())
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(lambda _: train_config.check_out_dir(cfg), range(800)))

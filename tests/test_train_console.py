@@ -9,7 +9,7 @@ from orchestrax import models
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.eval.eval_command import routing_from_json
 from orchestrax.train import console, run_info
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
 
 class FakeTime:

@@ -15,7 +15,7 @@ from orchestrax import models
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.checkpoint import Checkpointer
-from orchestrax.train.config import RolloutConfig, TrainConfig
+from orchestrax.train.train_config import RolloutConfig, TrainConfig
 from orchestrax.train.loop import train
 from orchestrax.train.overrides import apply_overrides, load_config
 

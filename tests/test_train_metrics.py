@@ -8,7 +8,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from orchestrax.train import plots
-from orchestrax.train.metrics import MetricsLog
+from orchestrax.train.metrics_log import MetricsLog
 
 
 def _events(logdir):
@@ -107,7 +107,7 @@ def test_tensorboard_itself_reads_the_run_events(tmp_path):
 def test_process_rows_sum_counters_and_average_the_rest():
     """Two processes' rows of one RL step, each of its own 16 episodes; the step's metrics come
     from the global batch, so both hold the same loss and policy_tokens."""
-    from orchestrax.train.metrics import combine_process_rows
+    from orchestrax.train.metrics_log import combine_process_rows
     a = {"phase": "rl", "step": 3, "rollout/episodes": 16.0, "rollout/episodes_failed": 1.0,
          "filter/kept": 12.0, "filter/kept_fraction": 0.75, "flow/turn_samples": 40.0,
          "sampler/requests": 30.0,
@@ -171,7 +171,7 @@ def test_tool_totals_never_make_a_key_the_metrics_log_refuses():
     like ',fast' once crashed a demo run at its first metrics row)."""
     from orchestrax.data.records import ToolCallRecord, Trajectory, TurnRecord
     from orchestrax.rl.batch import tool_totals
-    from orchestrax.train.metrics import check_key
+    from orchestrax.train.metrics_log import check_key
 
     names = [",fast", "fast", "cheap ", "fast\n", "über", "x" * 65, "fst", "a.b-c_d", "cheap"]
     traj = Trajectory(task_id="t", turns=[TurnRecord(text="", tool_calls=[
@@ -193,7 +193,7 @@ def test_tool_totals_never_make_a_key_the_metrics_log_refuses():
 def test_every_key_is_in_the_one_slash_style(tmp_path):
     """`group/name` with a known group, or phase/step; a row with any other key is refused
     before anything is written (the trainer's own rows go through the same check)."""
-    from orchestrax.train.metrics import check_key
+    from orchestrax.train.metrics_log import check_key
     for key in ("phase", "step", "rollout/reward_mean", "train/loss", "time/step_s",
                 "sampler/retries", "tools/web_search/cost_usd", "env/routing/preferred_share_cost",
                 "filter/kept", "flow/turn_samples", "dispatches/coder", "tokens/prompt_mean"):

@@ -24,7 +24,7 @@ def config(out_dir, *, sft_steps=0, steps=RL_STEPS, init_from=None):
     from orchestrax import models
     from orchestrax.envs.routing import RoutingConfig
     from orchestrax.rl import GRPOConfig, OptimizerConfig
-    from orchestrax.train.config import RolloutConfig, TrainConfig
+    from orchestrax.train.train_config import RolloutConfig, TrainConfig
     return TrainConfig(
         name="resume", out_dir=str(out_dir), init_from=init_from,
         model=models.tiny_config(vocab_size=512, hidden_size=64, intermediate_size=128,

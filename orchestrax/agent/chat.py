@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from orchestrax.tools.base import ToolSpec
+from orchestrax.tools.tool import ToolSpec
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 ROLES = ("system", "user", "assistant", "tool")

@@ -24,8 +24,8 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.parser import MAX_CALLS_PER_TURN, ToolCallParser
 from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplingParams
-from orchestrax.tools.base import Tool
+from orchestrax.rollout.sampler import GenerateRequest, GenerateResult, Sampler, SamplingParams
+from orchestrax.tools.tool import Tool
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from orchestrax.data.records import ToolCallRecord
-from orchestrax.tools.base import Tool, ToolError, ToolResult
+from orchestrax.tools.tool import Tool, ToolError, ToolResult
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

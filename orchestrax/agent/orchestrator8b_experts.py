@@ -17,11 +17,11 @@ import json
 import pathlib
 from typing import Any, Awaitable, Callable, Literal, Mapping
 
-from orchestrax.agent.orchestrator8b import (SLOT_FIGURES, SLOTS, Choice, ExpertOutcome,
+from orchestrax.agent.orchestrator8b_protocol import (SLOT_FIGURES, SLOTS, Choice, ExpertOutcome,
                                              RoundContext, Tokens)
 from orchestrax.agent.parser import tagged_blocks
 from orchestrax.data.records import ToolCallRecord
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError, chat
 from orchestrax.tools.llm_tool import extract_code
 from orchestrax.tools.sandbox import SandboxConfig, check_available, run_python

@@ -17,7 +17,7 @@ import sys
 from typing import Any, Sequence
 
 from orchestrax.tools import schema
-from orchestrax.tools.base import ToolSpec
+from orchestrax.tools.tool import ToolSpec
 
 _THINK_RE = re.compile(r"<think>|</think>")
 # Deeper JSON parses, but then fails to pickle (an `EpisodePool` worker sends trajectories back

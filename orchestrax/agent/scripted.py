@@ -16,7 +16,7 @@ import functools
 from typing import Callable, Sequence
 
 from orchestrax.agent.codec import Codec
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
+from orchestrax.rollout.sampler import GenerateRequest, GenerateResult, Sampler
 
 # Qwen2/Qwen3 pre-tokenizer regex: newlines never merge into the following word, so a delta that
 # starts or ends on a newline tokenises the same alone as inside a full render.

@@ -14,7 +14,7 @@ from typing import Mapping, Protocol, Sequence
 
 from orchestrax.data import preferences
 from orchestrax.data.records import Task
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.randomize import (RandomizeConfig, ToolConfigSample, sample_config,
                                         with_tool_config)
 from orchestrax.tools.sheets import load_sheet

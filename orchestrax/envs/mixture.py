@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import EnvConfig, Environment
-from orchestrax.tools.base import Tool
+from orchestrax.envs.environment import EnvConfig, Environment
+from orchestrax.tools.tool import Tool
 
 if TYPE_CHECKING:
     from orchestrax.agent.episode import UserResponder

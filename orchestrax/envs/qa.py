@@ -17,9 +17,9 @@ from typing import Any, Literal, Mapping
 
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
-from orchestrax.envs.base import EnvConfig, Environment
+from orchestrax.envs.environment import EnvConfig, Environment
 from orchestrax.envs.qa_grading import exact_match, judge_match, math_match
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.randomize import instance_tools
 
 log = logging.getLogger(__name__)

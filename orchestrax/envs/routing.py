@@ -33,8 +33,8 @@ import numpy as np
 
 from orchestrax.data import preferences as pairs
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import EnvConfig, Environment
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.envs.environment import EnvConfig, Environment
+from orchestrax.tools.tool import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.randomize import instance_seed
 
 POOL_KINDS = ("pool:cost", "pool:latency")

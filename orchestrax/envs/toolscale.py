@@ -25,7 +25,7 @@ from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.tau2.env import Tau2Config, Tau2Env
 from orchestrax.envs.tau2.verify import (Verdict, gold_actions, missing_info, trajectory_calls,
                                          trajectory_texts)
-from orchestrax.tools.base import Tool, ToolSpec
+from orchestrax.tools.tool import Tool, ToolSpec
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.domain_worker import (DomainWorker, EpisodeTools, WorkerConfig,
                                             WorkerFailed, WorkerGate, WorkerState, WorkerTool,

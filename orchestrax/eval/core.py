@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from orchestrax.agent.fanout import fan_out
 from orchestrax.data.records import Task
-from orchestrax.envs.base import Environment
+from orchestrax.envs.environment import Environment
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory, truncate
 from orchestrax.eval.runners import RUNNERS, EvalConfig

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from orchestrax.data.records import Trajectory
-from orchestrax.tools.base import Pricing
+from orchestrax.tools.tool import Pricing
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -30,7 +30,7 @@ from orchestrax.eval.policy import PARAM_DTYPES, load_policy
 from orchestrax.eval.runners import EvalConfig
 from orchestrax.eval.suite import DEFAULT_SWEEP, EvalRun, run_eval, write_outputs
 from orchestrax.eval.tasksets import TaskSetOptions
-from orchestrax.rollout.base import SamplingParams
+from orchestrax.rollout.sampler import SamplingParams
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.train.arg_types import at_least, tokenizer_dir
 from orchestrax.train.overrides import add_arguments as add_config_arguments
@@ -171,9 +171,9 @@ def protocol_options(args: EvalCommand, policy, catalog):
     """The released Orchestrator-8B protocol's settings: experts from `--experts`, the
     retriever from the --train-config catalog (local_search, else web_search), the sandbox for
     enhance_reasoning when bubblewrap runs here."""
-    from orchestrax.agent.orchestrator8b import load_tools
+    from orchestrax.agent.orchestrator8b_protocol import load_tools
     from orchestrax.agent.orchestrator8b_experts import ExpertPool, load_experts, tool_retriever
-    from orchestrax.eval.orchestrator8b import Orchestrator8BOptions
+    from orchestrax.eval.orchestrator8b_runner import Orchestrator8BOptions
     from orchestrax.tools.sandbox import SandboxConfig, SandboxUnavailable, check_available
     if args.experts is None:
         raise ValueError("EvalCommand.experts=None; --agent orchestrator8b needs --experts FILE "

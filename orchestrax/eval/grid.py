@@ -20,9 +20,9 @@ from typing import Any, Sequence
 from orchestrax.agent.subagent import ABLATIONS, THINKING, thinking_flags
 from orchestrax.eval import report
 from orchestrax.eval.policy import Policy
-from orchestrax.eval.subagent import SubagentOptions
+from orchestrax.eval.subagent_runner import SubagentOptions
 from orchestrax.eval.suite import EvalRun, run_eval
-from orchestrax.tools.base import Pricing
+from orchestrax.tools.tool import Pricing
 
 AGENTS = ("direct", "subagent")
 

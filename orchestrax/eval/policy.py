@@ -28,8 +28,8 @@ from orchestrax.agent.episode import (EpisodeConfig, TurnRules, UserResponder, p
                                       run_episode)
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.records import Task, Trajectory, TurnRecord
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler, SamplerConfig
-from orchestrax.tools.base import Tool
+from orchestrax.rollout.sampler import GenerateRequest, GenerateResult, Sampler, SamplerConfig
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError
 from orchestrax.tools.chat_client import chat as chat_completion
 

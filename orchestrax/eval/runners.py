@@ -14,12 +14,12 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from orchestrax.agent.episode import EpisodeConfig
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment, play_task
+from orchestrax.envs.environment import Environment, play_task
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory
-from orchestrax.eval.orchestrator8b import run_orchestrator8b  # the released protocol
-from orchestrax.eval.subagent import run_subagent  # the orchestrator + sub-agents system
-from orchestrax.tools.base import Pricing, Tool
+from orchestrax.eval.orchestrator8b_runner import run_orchestrator8b  # the released protocol
+from orchestrax.eval.subagent_runner import run_subagent  # the orchestrator + sub-agents system
+from orchestrax.tools.tool import Pricing, Tool
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,7 +30,7 @@ class EvalConfig:
     # Policy latency per turn: None measures generation wall time; a number charges this many
     # seconds per generated token (deterministic, for comparisons across machines and tests).
     seconds_per_token: float | None = None
-    # A runner's own settings (the "subagent" runner: eval.subagent.SubagentOptions).
+    # A runner's own settings (the "subagent" runner: eval.subagent_runner.SubagentOptions).
     agent_options: Any = None
 
     def __post_init__(self):

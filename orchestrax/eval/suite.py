@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrax.eval import report
 from orchestrax.eval.core import TaskSet, at_turn_limit, evaluate
-from orchestrax.eval.metrics import preference_adherence, summarize
+from orchestrax.eval.scores import preference_adherence, summarize
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.episode_records import EpisodeRecord
 from orchestrax.eval.runners import RUNNERS, EvalConfig

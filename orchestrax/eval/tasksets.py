@@ -15,13 +15,13 @@ from typing import Mapping
 
 from orchestrax import registry
 from orchestrax.data.instances import InstanceConfig, prepare_instance
-from orchestrax.envs.base import EnvConfig
+from orchestrax.envs.environment import EnvConfig
 from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.envs.tau2.env import Tau2Config
 from orchestrax.envs.toolscale import ToolScaleConfig
 from orchestrax.eval.core import TaskSet
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.tools.randomize import instance_seed
 

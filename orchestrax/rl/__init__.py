@@ -5,7 +5,7 @@ from orchestrax.rl.advantages import (compute_advantages, dr_grpo_advantages, gr
                                       group_mean_std, rloo_advantages)
 from orchestrax.rl.batch import (direct_batch, flow_batch, pack, rollout_stats, tool_totals,
                                  turn_batch)
-from orchestrax.rl.config import GRPOConfig, OptimizerConfig
+from orchestrax.rl.grpo_config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.filters import has_final_answer, homogeneity_mask, sample_mask, validity_mask
 from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
 from orchestrax.rl.mfu import matmul_params, mfu, peak_flops, train_flops

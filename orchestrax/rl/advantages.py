@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from orchestrax.rl import contracts
 from orchestrax.checks import one_of
-from orchestrax.rl.config import ADV_ESTIMATORS
+from orchestrax.rl.grpo_config import ADV_ESTIMATORS
 
 
 def _prep(R: chex.Array, mask: chex.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:

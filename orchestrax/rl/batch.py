@@ -22,7 +22,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from orchestrax.rl.config import GRPOConfig
+from orchestrax.rl.grpo_config import GRPOConfig
 from orchestrax.rl.scoring import score_groups
 
 ROW_KEYS = ("tokens", "attention_mask", "loss_mask", "sampler_logprobs")

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from orchestrax.rl import contracts
 from orchestrax.checks import one_of
-from orchestrax.rl.config import AGG_MODES, KL_ESTIMATORS
+from orchestrax.rl.grpo_config import AGG_MODES, KL_ESTIMATORS
 
 Metrics = dict[str, jax.Array]
 _sg = jax.lax.stop_gradient

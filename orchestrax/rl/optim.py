@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from orchestrax.rl.config import OptimizerConfig
+from orchestrax.rl.grpo_config import OptimizerConfig
 
 
 def lr_schedule(cfg: OptimizerConfig) -> optax.Schedule:

@@ -22,7 +22,7 @@ import numpy as np
 
 from orchestrax.rl import contracts
 from orchestrax.checks import one_of
-from orchestrax.rl.config import REWARD_SCOPES
+from orchestrax.rl.grpo_config import REWARD_SCOPES
 
 
 class Resolution(NamedTuple):

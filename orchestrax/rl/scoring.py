@@ -13,7 +13,7 @@ import numpy as np
 
 from orchestrax.rl import contracts
 from orchestrax.rl.advantages import compute_advantages
-from orchestrax.rl.config import GRPOConfig
+from orchestrax.rl.grpo_config import GRPOConfig
 from orchestrax.rl.filters import has_final_answer, sample_mask
 from orchestrax.rl.reward import GroupFeatures, Resolution, group_features, toolorchestra_reward
 

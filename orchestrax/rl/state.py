@@ -10,7 +10,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchestrax import models, parallel
-from orchestrax.rl.config import OptimizerConfig
+from orchestrax.rl.grpo_config import OptimizerConfig
 from orchestrax.rl.optim import make_optimizer
 
 Batch = dict[str, jax.Array]

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchestrax import models, parallel
 from orchestrax.rl import contracts
-from orchestrax.rl.config import GRPOConfig, OptimizerConfig
+from orchestrax.rl.grpo_config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.losses import policy_loss_weighted, sft_loss, token_weights
 from orchestrax.rl.optim import lr_schedule, make_optimizer
 from orchestrax.rl.state import (Batch, TrainState, batch_shardings, data_parallel_degree,

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from orchestrax.rollout import openai_chat as oai
-from orchestrax.rollout.base import GenerateRequest
+from orchestrax.rollout.sampler import GenerateRequest
 from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
                                         sse)
 from orchestrax.rollout.serving import ServerState, Update, run_request, stream_request

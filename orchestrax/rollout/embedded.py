@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from orchestrax import models, parallel
-from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
+from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
                                      TopLogprobs)
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
 from orchestrax.rollout.engine import ContinuousEngine, bucket

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from orchestrax import models
-from orchestrax.rollout.base import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
+from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
                                      TopLogprobs)
 from orchestrax.rollout.sampling import sample_step
 from orchestrax.rollout.validate import request_ids_error

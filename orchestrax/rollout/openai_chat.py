@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
-from orchestrax.rollout.base import MAX_TOP_LOGPROBS, GenerateResult, SamplingParams, TopLogprobs
+from orchestrax.rollout.sampler import MAX_TOP_LOGPROBS, GenerateResult, SamplingParams, TopLogprobs
 from orchestrax.rollout.protocol import sampling_params, stop_strings
 from orchestrax.rollout.validate import (ProtocolError, ServeLimits, boolean, integer,
                                          optional, unicode_text)

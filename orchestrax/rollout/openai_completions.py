@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from orchestrax.rollout.base import MAX_TOP_LOGPROBS, GenerateRequest
+from orchestrax.rollout.sampler import MAX_TOP_LOGPROBS, GenerateRequest
 from orchestrax.rollout.chat_route import _end_of_turn_ids
 from orchestrax.rollout.http_io import STATE, client_of, error, json_response, read_json
 from orchestrax.rollout.protocol import sampling_params, stop_strings

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from orchestrax import models
-from orchestrax.rollout.base import TopLogprobs
+from orchestrax.rollout.sampler import TopLogprobs
 from orchestrax.rollout.engine import bucket
 
 HEAD_CHUNK = 256   # positions per LM-head chunk: bounds the [B, C, V] float32 logits

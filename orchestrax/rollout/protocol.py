@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from orchestrax.rollout.base import (MAX_TOKEN_ID, MAX_TOP_LOGPROBS, GenerateRequest,
+from orchestrax.rollout.sampler import (MAX_TOKEN_ID, MAX_TOP_LOGPROBS, GenerateRequest,
                                      GenerateResult, SamplingParams)
 from orchestrax.rollout.validate import (ProtocolError, ServeLimits, boolean, integer, number,
                                          optional, token_ids, unicode_text)

@@ -12,7 +12,7 @@ import logging
 import jax
 from aiohttp import web
 
-from orchestrax.rollout.base import GenerateRequest, SamplingParams
+from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.http_io import STATE, error, read_json
 from orchestrax.rollout.serving import run_request
 from orchestrax.rollout.validate import ProtocolError

@@ -32,7 +32,7 @@ import jax
 from aiohttp import web
 
 from orchestrax import models
-from orchestrax.rollout.base import GenerateRequest, GenerateResult
+from orchestrax.rollout.sampler import GenerateRequest, GenerateResult
 from orchestrax.rollout import rl_routes
 from orchestrax.rollout.chat_route import chat_completions, list_models
 from orchestrax.rollout.openai_completions import completions

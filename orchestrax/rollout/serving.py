@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, AsyncIterator, Callable
 
 from orchestrax import models
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, TopLogprobs
+from orchestrax.rollout.sampler import GenerateRequest, GenerateResult, TopLogprobs
 from orchestrax.rollout.detok import StopMatcher
 from orchestrax.rollout.embedded import EmbeddedSampler
 from orchestrax.rollout.prompt_logprobs import PromptScorer

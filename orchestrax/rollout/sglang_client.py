@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import aiohttp
 
 from orchestrax.checks import above, at_least
-from orchestrax.rollout.base import GenerateRequest, GenerateResult, Sampler
+from orchestrax.rollout.sampler import GenerateRequest, GenerateResult, Sampler
 from orchestrax.rollout.protocol import ProtocolError, request_to_json, result_from_json
 from orchestrax.rollout.weight_sync import WeightSync, write_version
 

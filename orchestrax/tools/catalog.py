@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from orchestrax.checks import one_of
-from orchestrax.tools.base import CLOCKS, Clock, Tool
+from orchestrax.tools.tool import CLOCKS, Clock, Tool
 from orchestrax.tools.llm_tool import LLMTool, LLMToolConfig
 from orchestrax.tools import local_search, python_tool, web_search
 from orchestrax.tools.sandbox import SandboxConfig

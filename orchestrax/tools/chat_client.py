@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 

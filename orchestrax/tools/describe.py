@@ -13,7 +13,7 @@ import re
 import string
 from typing import Any, Callable, Sequence
 
-from orchestrax.tools.base import Tool, ToolError
+from orchestrax.tools.tool import Tool, ToolError
 from orchestrax.tools.chat_client import ChatEndpoint, chat
 
 Grader = Callable[[str, str], bool]   # (tool output, reference answer) -> correct?

@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrax.checks import above
 from orchestrax.tools import domain_child
-from orchestrax.tools.base import ToolError, ToolResult, ToolSpec
+from orchestrax.tools.tool import ToolError, ToolResult, ToolSpec
 from orchestrax.tools.sandbox import SandboxConfig, SandboxUnavailable
 from orchestrax.tools.sandbox_limits import SandboxBusy
 from orchestrax.tools.sandbox_process import SandboxProcess
@@ -286,7 +286,7 @@ class EpisodeTools:
 
 
 class WorkerTool:
-    """A domain tool of one episode; implements `orchestrax.tools.base.Tool`. A domain's own
+    """A domain tool of one episode; implements `orchestrax.tools.tool.Tool`. A domain's own
     rejection ("Error: ...") raises a non-transient `ToolError`, which the executor shows."""
 
     def __init__(self, episode: EpisodeTools, spec: ToolSpec):

@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 
 from orchestrax.checks import above, one_of
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 
 EmbedderKind = Literal["minilm", "openai"]
 

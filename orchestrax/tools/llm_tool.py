@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from orchestrax.tools.base import (Category, Clock, Pricing, ToolResult, ToolSpec, check_clock,
+from orchestrax.tools.tool import (Category, Clock, Pricing, ToolResult, ToolSpec, check_clock,
                                    clocked)
 from orchestrax.tools import python_tool
 from orchestrax.tools.chat_client import ChatEndpoint, chat

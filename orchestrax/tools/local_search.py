@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrax.tools.base import Clock, Pricing, ToolResult, ToolSpec, check_clock, clocked
+from orchestrax.tools.tool import Clock, Pricing, ToolResult, ToolSpec, check_clock, clocked
 from orchestrax.tools.search_index import SearchIndex
 from orchestrax.tools.specs import check_arguments, object_schema
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrax.tools.base import Clock, Pricing, ToolResult, ToolSpec, check_clock, clocked
+from orchestrax.tools.tool import Clock, Pricing, ToolResult, ToolSpec, check_clock, clocked
 from orchestrax.tools.sandbox import SandboxConfig, check_available, run_python
 from orchestrax.tools.specs import check_arguments, object_schema
 

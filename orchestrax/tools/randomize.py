@@ -12,7 +12,7 @@ import hashlib
 import random
 from typing import Any, Mapping
 
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.llm_tool import LLMTool
 from orchestrax.tools.sheets import PricingSheet, bundled_sheets, load_sheet
 
@@ -90,7 +90,7 @@ TOOL_CONFIG_KEY = "tool_config"  # Task.metadata key: {"tools": [names], "sheet"
 
 
 def with_tool_config(task: Any, sample: ToolConfigSample) -> Any:
-    """`task` (an envs.base.Task) carrying its instance's tool subset and sheet in metadata, so
+    """`task` (a data.records.Task) carrying its instance's tool subset and sheet in metadata, so
     every process that rebuilds its tools (trainer, episode workers, eval) gets the same ones."""
     meta = dict(task.metadata) | {TOOL_CONFIG_KEY: {"tools": list(sample.tools),
                                                     "sheet": sample.sheet}}

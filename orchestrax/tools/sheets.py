@@ -17,7 +17,7 @@ import pathlib
 from typing import Any, Literal
 
 from orchestrax.checks import at_least, at_least_or_none, one_of
-from orchestrax.tools.base import Pricing
+from orchestrax.tools.tool import Pricing
 from orchestrax.tools.specs import pricing_from_json
 
 SHEET_DIR = pathlib.Path(__file__).resolve().parent / "pricing"

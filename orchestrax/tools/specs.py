@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 
 from orchestrax.tools import schema
-from orchestrax.tools.base import Pricing, ToolError, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolError, ToolSpec
 
 CATEGORIES = ("basic", "specialist", "generalist", "domain")
 _PRICING_FIELDS = tuple(f.name for f in dataclasses.fields(Pricing))

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import aiohttp
 
 from orchestrax.checks import above, one_of, require
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolError, ToolResult, ToolSpec
 from orchestrax.tools.specs import check_arguments, object_schema
 
 # Tavily pay-as-you-go: $0.008 per credit; a basic search costs 1 credit, an advanced one 2

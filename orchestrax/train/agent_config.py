@@ -1,6 +1,6 @@
 """How the trainer plays episodes: Direct mode or the orchestrator + sub-agents system.
 
-Its own module so that `train.config` (every config of a run) and `train.flow` (sub-agent-mode
+Its own module so that `train.train_config` (every config of a run) and `train.flow` (sub-agent-mode
 rollouts) both import it without importing each other.
 """
 
@@ -21,7 +21,7 @@ class AgentConfig(SystemConfig):
     "subagent": the orchestrator + sub-agents system (its `SystemConfig` settings: thinking,
     memory, exclude, sub-agent budget), trained with Flow-GRPO (train/flow.py);
     "orchestrator8b": the released Orchestrator-8B protocol, its rounds trained like sub-agent
-    mode's turns (train/orchestrator8b.py), its experts from `experts`."""
+    mode's turns (train/orchestrator8b_rollouts.py), its experts from `experts`."""
 
     mode: str = "direct"
     orchestrator_turns: int = 8

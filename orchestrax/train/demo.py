@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrax.envs.routing import RoutingConfig, preferred_from_vector
 from orchestrax.train import plots, setup
-from orchestrax.train.config import TrainConfig
+from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.loop import train
 
 CONFIG = "configs/demo.py"

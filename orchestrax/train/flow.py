@@ -21,12 +21,12 @@ from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.subagent import (ROLES, SubagentRollout, build_subagents, holdable,
                                        query_tools, run_query)
 from orchestrax.data.records import Task
-from orchestrax.rollout.base import SamplerConfig
+from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.train.rollouts import grouped, task_tool_names
 from orchestrax.train.agent_config import AgentConfig
 
 if TYPE_CHECKING:
-    from orchestrax.train.config import TrainConfig
+    from orchestrax.train.train_config import TrainConfig
 
 
 # --- preferences over the sub-agents --------------------------------------------------------

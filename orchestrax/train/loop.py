@@ -27,16 +27,16 @@ from orchestrax.agent.episode import Codec, EpisodeConfig
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.instances import prepare_instance
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment
-from orchestrax.rollout.base import SamplingParams
+from orchestrax.envs.environment import Environment
+from orchestrax.rollout.sampler import SamplingParams
 from orchestrax.tools.randomize import instance_seed
-from orchestrax.train import (batching, checkpoint, config, console, rollouts, run_info, setup,
-                              warmstart)
+from orchestrax.train import (batching, checkpoint, console, rollouts, run_info, setup,
+                              train_config, warmstart)
 from orchestrax.train.checkpoint import Checkpointer
-from orchestrax.train.config import TrainConfig
+from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
 from orchestrax.train import plots
-from orchestrax.train.metrics import MetricsLog, combine_process_rows, postfix, progress
+from orchestrax.train.metrics_log import MetricsLog, combine_process_rows, postfix, progress
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +50,21 @@ class Trainer:
         self.cfg = cfg
         # Checkpoints under `out` (gs:// stays gs://); what needs a local file system under
         # `local` (out_dir itself unless out_dir is a URI).
-        self.out = config.check_out_dir(cfg)
+        self.out = train_config.check_out_dir(cfg)
         self.local = run_info.local_dir(cfg.out_dir)
         # One trainer per out_dir: a second one would append every metrics row again.
         self._lock = run_info.lock_out_dir(self.local) if jax.process_index() == 0 else None
         log.info("orchestrax train %s: building the env, model and sampler", cfg.name)
         # Everything that can be wrong with the config or its inputs fails here, before any
         # compute (the environment first: its task count bounds tasks_per_step).
-        config.check_paths(cfg)
+        train_config.check_paths(cfg)
         self.env: Environment = setup.make_env(cfg)
         self.train_tasks: Sequence[Task] = self.env.tasks("train")
         # Eval instances draw P from Pairs_eval, once per task (the same at every eval)
         self.eval_tasks: Sequence[Task] = [
             prepare_instance(t, self.env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
                              config=cfg.instances) for t in self.env.tasks("eval")]
-        config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
+        train_config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
         if cfg.eval_tasks is not None and cfg.eval_tasks < len(self.eval_tasks):
             # Evenly spaced, so a mixture's sources (laid end to end) all stay in.
             pick = np.linspace(0, len(self.eval_tasks) - 1, cfg.eval_tasks).round().astype(int)
@@ -72,13 +72,14 @@ class Trainer:
         # Multi-process: each process evaluates its own share (eval rows average the shares).
         self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
-        config.check_batch_split(cfg, rl.data_parallel_degree(self.mesh, parallel.DEFAULT_RULES)[0])
+        train_config.check_batch_split(
+            cfg, rl.data_parallel_degree(self.mesh, parallel.DEFAULT_RULES)[0])
         self.tokenizer = registry.build_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
-        config.check_vocab(cfg, self.tokenizer)
-        config.check_context(cfg, self.env, self.codec, self.train_tasks)
+        train_config.check_vocab(cfg, self.tokenizer)
+        train_config.check_context(cfg, self.env, self.codec, self.train_tasks)
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
-        config.check_master_weights(cfg, params)
+        train_config.check_master_weights(cfg, params)
         if jax.process_index() == 0:
             setup.write_model_card(self.local / "model", self.model_cfg, self.tokenizer,
                                    cfg.hf_path)
@@ -139,7 +140,7 @@ class Trainer:
                               make_subagent_sampler(cfg, self.model_cfg, self.state.params),
                               make_executor())
         if cfg.agent.mode == "orchestrator8b":
-            from orchestrax.train.orchestrator8b import Orchestrator8BRollouts
+            from orchestrax.train.orchestrator8b_rollouts import Orchestrator8BRollouts
             return Orchestrator8BRollouts(cfg, self.env, self.sampler, self.codec, make_executor)
         if r.workers:
             return rollouts.PooledRollouts(

@@ -14,7 +14,7 @@ import typing
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrax import checks
-from orchestrax.train.config import TrainConfig
+from orchestrax.train.train_config import TrainConfig
 
 # Parsed arguments that are not config fields.
 NOT_FIELDS = ("command", "config", "set", "debug")

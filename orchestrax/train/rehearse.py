@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 from orchestrax.tools.chat_client import ChatEndpoint
 from orchestrax.train.children import (Child, Fleet, free_port, get_json, post_json, url_port,
                                        wait_until)
-from orchestrax.train.config import TrainConfig
+from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.overrides import apply_overrides, load_config
 
 DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
@@ -152,7 +152,7 @@ async def _observe(tools: dict[str, Any], calls: list[tuple[str, dict[str, Any]]
                    concurrency: int = 4) -> list[str]:
     """Each call run through the real tool; a failed call's observation is its error text, as
     the executor would show it."""
-    from orchestrax.tools.base import ToolError
+    from orchestrax.tools.tool import ToolError
     gate = asyncio.Semaphore(concurrency)
 
     async def one(name: str, args: dict[str, Any]) -> str:

@@ -29,8 +29,8 @@ from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import EpisodeConfig, run_episode
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment, play_task
-from orchestrax.rollout.base import Sampler
+from orchestrax.envs.environment import Environment, play_task
+from orchestrax.rollout.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class EpisodePlayer:
     def __init__(self, cfg: Any, sampler_urls: tuple[str, ...],
                  make_executor: Callable[[], ToolExecutor] = ToolExecutor):
         from orchestrax import registry
-        from orchestrax.rollout.base import SamplerConfig
+        from orchestrax.rollout.sampler import SamplerConfig
         from orchestrax.train import setup
 
         self.env = setup.make_env(cfg)

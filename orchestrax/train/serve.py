@@ -17,7 +17,7 @@ import jax
 
 from orchestrax import models, registry
 from orchestrax.checks import at_least, one_of
-from orchestrax.rollout.base import SamplerConfig
+from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
 from orchestrax.train import checkpoint

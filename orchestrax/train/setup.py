@@ -19,9 +19,9 @@ from orchestrax.agent.fanout import fan_out
 from orchestrax.agent.scripted import ScriptedSampler
 from orchestrax.models.hf_io import portable_tokenizer_config
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment, play_task
-from orchestrax.rollout.base import SamplerConfig
-from orchestrax.train.config import TrainConfig
+from orchestrax.envs.environment import Environment, play_task
+from orchestrax.rollout.sampler import SamplerConfig
+from orchestrax.train.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 

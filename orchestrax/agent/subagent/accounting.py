@@ -12,7 +12,7 @@ import collections
 import dataclasses
 
 from orchestrax.data.records import ToolCallRecord
-from orchestrax.tools.base import Pricing
+from orchestrax.tools.tool import Pricing
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ import pathlib
 import time
 from typing import Any, Sequence
 
-from orchestrax.tools.base import ToolError, ToolResult, ToolSpec
+from orchestrax.tools.tool import ToolError, ToolResult, ToolSpec
 
 TEXT_SUFFIXES = (".txt", ".md", ".json", ".jsonl", ".py", ".log", ".xml", ".html")
 TABLE_SUFFIXES = (".csv", ".tsv")

@@ -26,8 +26,8 @@ from orchestrax.agent.subagent.accounting import QueryAccount, priced_call
 from orchestrax.agent.subagent.memory import Memory, MemoryLimits, clip, orchestrator_messages
 from orchestrax.agent.subagent.roles import SubAgent, SubAgentReport, role_order
 from orchestrax.data.records import EndReason, Task, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.rollout.base import Sampler, SamplingParams
-from orchestrax.tools.base import Pricing
+from orchestrax.rollout.sampler import Sampler, SamplingParams
+from orchestrax.tools.tool import Pricing
 
 Thinking = Literal["none", "subagents", "orchestrator", "all"]
 THINKING: tuple[str, ...] = ("none", "subagents", "orchestrator", "all")

@@ -20,8 +20,8 @@ from orchestrax.agent.executor import ToolExecutor
 from orchestrax.agent.subagent.accounting import ModelCall, priced_call
 from orchestrax.agent.subagent.files import FileReadTool
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.rollout.base import Sampler, SamplingParams
-from orchestrax.tools.base import Pricing, Tool, ToolSpec
+from orchestrax.rollout.sampler import Sampler, SamplingParams
+from orchestrax.tools.tool import Pricing, Tool, ToolSpec
 
 _ANSWER_RULE = ("When done, reply with only the result inside <answer></answer>: the facts or "
                 "numbers the task asks for, in at most three sentences.")

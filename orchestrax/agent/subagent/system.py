@@ -8,8 +8,8 @@ import dataclasses
 from orchestrax.agent.subagent.orchestrator import THINKING, OrchestratorConfig, thinking_flags
 from orchestrax.agent.subagent.roles import ROLES, SubAgentConfig
 from orchestrax.checks import at_least, one_of
-from orchestrax.rollout.base import SamplingParams
-from orchestrax.tools.base import Pricing
+from orchestrax.rollout.sampler import SamplingParams
+from orchestrax.tools.tool import Pricing
 
 # The paper's component ablation (Table 2): name -> (sub-agents left out, structured memory on).
 ABLATIONS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -21,7 +21,8 @@ ABLATIONS: dict[str, tuple[tuple[str, ...], bool]] = {
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SystemConfig:
     """Where thinking is on, which sub-agents play, memory or history replay, and the sub-agents'
-    budget; `train.agent_config.AgentConfig` and `eval.subagent.SubagentOptions` extend it."""
+    budget; `train.agent_config.AgentConfig` and `eval.subagent_runner.SubagentOptions` extend
+    it."""
 
     thinking: str = "orchestrator"          # none | subagents | orchestrator | all
     memory: bool = True                     # False: the memory ablation (history replay)

@@ -15,7 +15,7 @@ from orchestrax.envs.tau2 import airline, retail
 from orchestrax.envs.tau2.db import DomainDB, Rejected
 from orchestrax.envs.tau2.functions import DomainFunction, tool_result, tool_spec
 from orchestrax.envs.tau2.telecom import TelecomDomain, load_telecom
-from orchestrax.tools.base import ToolResult
+from orchestrax.tools.tool import ToolResult
 from orchestrax.tools.schema import ArgumentError, check_arguments
 
 _DOMAINS = {"retail": retail, "airline": airline}
@@ -86,7 +86,7 @@ class Tau2Domain:
 
 
 class DomainTool:
-    """A domain function bound to an episode's DB; implements `orchestrax.tools.base.Tool`.
+    """A domain function bound to an episode's DB; implements `orchestrax.tools.tool.Tool`.
     Rejections raise `ToolError` (non-transient) so the executor reports them as observations."""
 
     def __init__(self, domain: Tau2Domain, fn: DomainFunction, db: DomainDB):

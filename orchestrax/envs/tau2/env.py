@@ -1,4 +1,4 @@
-"""tau2 domains as an `orchestrax.envs.base.Environment`.
+"""tau2 domains as an `orchestrax.envs.environment.Environment`.
 
 An episode: `task = await env.open(env.tasks("train")[i], user)` adds the agent's greeting and
 the simulated user's first message (tau2 conversations start with the user, so `tasks()` stops
@@ -15,13 +15,13 @@ from typing import Mapping
 from orchestrax.agent.episode import UserResponder
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.tools.chat_client import ChatEndpoint
-from orchestrax.envs.base import EnvConfig, Environment
+from orchestrax.envs.environment import EnvConfig, Environment
 from orchestrax.envs.tau2.domain import Tau2Domain, load_domain
 from orchestrax.envs.tau2.telecom import TelecomDomain
 from orchestrax.envs.tau2.telecom_sim import EpisodeBook
 from orchestrax.envs.tau2.user import GREETING, LLMUser, ScriptedUser, render_scenario
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.randomize import instance_tools
 
 _AGENT_PROMPT = """You are a customer service agent. Help the user under the policy below.

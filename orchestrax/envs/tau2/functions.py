@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any, Callable, Literal
 
 from orchestrax.envs.tau2.db import safe_calculate
-from orchestrax.tools.base import Pricing, ToolError, ToolResult, ToolSpec
+from orchestrax.tools.tool import Pricing, ToolError, ToolResult, ToolSpec
 
 # read/write/generic: tools a model may call; env: a task's setup function and assert: an
 # assertion returning a bool (telecom only)

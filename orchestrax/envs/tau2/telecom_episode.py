@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrax.envs.tau2.telecom import Side, TelecomDomain
 from orchestrax.envs.tau2.functions import DomainFunction, tool_result, tool_spec
-from orchestrax.tools.base import ToolResult
+from orchestrax.tools.tool import ToolResult
 
 
 class TelecomEpisode:
@@ -38,7 +38,7 @@ class TelecomEpisode:
 
 
 class TelecomTool:
-    """A telecom function on one side of an episode; implements `orchestrax.tools.base.Tool`.
+    """A telecom function on one side of an episode; implements `orchestrax.tools.tool.Tool`.
     Refusals and bad arguments raise `ToolError` (see `tool_result`)."""
 
     def __init__(self, episode: TelecomEpisode, side: Side, fn: DomainFunction):

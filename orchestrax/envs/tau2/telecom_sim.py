@@ -23,7 +23,7 @@ import aiohttp
 from orchestrax.agent.episode import UserReply
 from orchestrax.envs.tau2.telecom_episode import TelecomEpisode
 from orchestrax.envs.tau2.user import GREETING, flip_roles, is_stop, user_system_prompt
-from orchestrax.tools.base import ToolError
+from orchestrax.tools.tool import ToolError
 from orchestrax.tools.chat_client import ChatEndpoint, ChatError, chat
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, ClassVar, Mapping, Sequen
 import numpy as np
 
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 
 if TYPE_CHECKING:  # only a type: environments sit above the agent layer, never the reverse
     from orchestrax.agent.episode import UserResponder

@@ -31,7 +31,7 @@ from orchestrax.agent.episode import EpisodeConfig, sample_turn
 from orchestrax.agent.parser import clip, decoded_arguments, split_thinking, tagged_blocks
 from orchestrax.agent.subagent.orchestrator import TurnSample
 from orchestrax.data.records import Task, ToolCallRecord, Trajectory, TurnRecord
-from orchestrax.rollout.base import Sampler
+from orchestrax.rollout.sampler import Sampler
 
 SYSTEM_PROMPT = "You are good at using tools."
 CLOSING = "Choose an appropriate tool."

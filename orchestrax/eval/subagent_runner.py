@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 from orchestrax.agent.subagent import SystemConfig, build_subagents, query_tools, run_query
 from orchestrax.data.records import Task
-from orchestrax.envs.base import Environment
+from orchestrax.envs.environment import Environment
 from orchestrax.eval.policy import TokenPolicy
 from orchestrax.eval.episode_records import EpisodeRecord
-from orchestrax.tools.base import Pricing, Tool
+from orchestrax.tools.tool import Pricing, Tool
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SubagentOptions(SystemConfig):

@@ -16,10 +16,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from orchestrax.agent.fanout import fan_out
-from orchestrax.agent.orchestrator8b import TOOL_NAMES, play_rounds, token_rounds
+from orchestrax.agent.orchestrator8b_protocol import TOOL_NAMES, play_rounds, token_rounds
 from orchestrax.agent.orchestrator8b_experts import ExpertPool, load_experts, tool_retriever
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import play_task
+from orchestrax.envs.environment import play_task
 from orchestrax.train.flow import shared_tools
 from orchestrax.train.rollouts import DirectRollouts, EpisodeJob
 

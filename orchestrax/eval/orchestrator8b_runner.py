@@ -1,5 +1,5 @@
 """The `orchestrator8b` eval runner (`orchestrax eval --agent orchestrator8b --experts FILE`): the
-policy plays the released Orchestrator-8B protocol (`agent.orchestrator8b`) instead of the
+policy plays the released Orchestrator-8B protocol (`agent.orchestrator8b_protocol`) instead of the
 multi-turn tool loop, its `model` arguments routed to the experts of `--experts`.
 
 A token-level policy (a run or HF directory, `sglang:URL`) samples each round token-in/token-out;
@@ -15,13 +15,14 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from orchestrax.agent import chat
-from orchestrax.agent.orchestrator8b import (TOOL_NAMES, ContextBudget, Experts, RoundOutput,
-                                             Tokens, play_rounds, token_rounds)
+from orchestrax.agent.orchestrator8b_protocol import (TOOL_NAMES, ContextBudget, Experts,
+                                                      RoundOutput, Tokens, play_rounds,
+                                                      token_rounds)
 from orchestrax.data.records import Task, Trajectory
-from orchestrax.envs.base import Environment, play_task
+from orchestrax.envs.environment import Environment, play_task
 from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory
 from orchestrax.eval.policy import ChatPolicy, TokenPolicy
-from orchestrax.tools.base import Tool
+from orchestrax.tools.tool import Tool
 from orchestrax.tools.chat_client import ChatError
 from orchestrax.tools.chat_client import chat as chat_completion
 
@@ -29,7 +30,8 @@ from orchestrax.tools.chat_client import chat as chat_completion
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Orchestrator8BOptions:
     experts: Experts
-    tools: tuple[Mapping[str, Any], ...] | None = None   # None: agent.orchestrator8b.default_tools
+    # None: agent.orchestrator8b_protocol.default_tools
+    tools: tuple[Mapping[str, Any], ...] | None = None
     budget: ContextBudget = ContextBudget()
     tokens: Tokens | None = None     # an openai: policy's tokenizer (token policies bring theirs)
 

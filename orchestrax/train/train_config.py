@@ -19,7 +19,7 @@ from etils import epath
 from orchestrax import registry
 from orchestrax.agent import chat
 from orchestrax.agent.episode import prompt_messages
-from orchestrax.envs.base import EnvConfig
+from orchestrax.envs.environment import EnvConfig
 from orchestrax.envs.routing import RoutingConfig
 from orchestrax.models import ModelConfig
 from orchestrax.models.configs import REMAT_POLICIES
@@ -27,7 +27,7 @@ from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.rollout.embedded import ENGINES
 from orchestrax.train.agent_config import AgentConfig
-from orchestrax.train.metrics import WandbConfig
+from orchestrax.train.metrics_log import WandbConfig
 from orchestrax.data.instances import InstanceConfig
 from orchestrax.tools.catalog import CatalogConfig
 from orchestrax.train import run_info
@@ -121,7 +121,7 @@ class TrainConfig:
     # Per training instance: a tool subset and training sheet (instances.randomize) and P with
     # its instruction from Pairs_train for tasks that have none.
     instances: InstanceConfig = InstanceConfig()
-    # Weights & Biases next to TensorBoard (off by default; offline when on): train/metrics.py
+    # Weights & Biases next to TensorBoard (off by default; offline when on): train/metrics_log.py
     wandb: WandbConfig = WandbConfig()
 
     def __post_init__(self):
