@@ -1,4 +1,4 @@
-"""One process of a multi-process run, started by tests/test_multiprocess.py:
+"""One process of a multi-process run, started by tests/test_train_multiprocess.py:
 `python tests/multiprocess_worker.py MODE OUT PROCESS_ID NUM_PROCESSES PORT`.
 
 MODE "train": a tiny routing run (warm start, then GRPO with a KL reference, embedded sampler,

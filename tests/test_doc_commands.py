@@ -76,12 +76,12 @@ NOT_RUN = {
         "the demo's warm start: about 13 minutes on this 2-core box (README's measured time)",
     "orchestrax serve --model runs/export --port 30000":
         "binds the fixed port 30000, which a parallel test or a developer's server may hold; "
-        "serve on an export is run by test_export_hf and the serve tests on free ports",
+        "serve on an export is run by test_train_export_hf and the serve tests on free ports",
     "orchestrax index --corpus ../shared/data/corpus/wiki_summaries_en.json":
         "embeds 10,033 passages with the dense default (minutes on 2 cores); the bm25 build of "
         "the same corpus runs in test_tools_search",
     "orchestrax rehearse": "the whole-recipe rehearsal takes tens of minutes (its parts run in "
-                           "test_rehearse_parts)",
+                           "test_train_rehearse_parts)",
     "python bench/forward.py": "a benchmark: measured minutes, never in the suite",
     "python bench/train_step.py": "a benchmark: measured minutes, never in the suite",
     "python bench/sampler.py": "a benchmark: measured minutes, never in the suite",
@@ -114,10 +114,10 @@ NOT_RUN = {
     "--set agent.search_corpus=../shared/data/corpus/wiki_summaries_en.json": _PLACEHOLDER,
     "orchestrax eval --policy HF_DIR --tasks frames --agent orchestrator8b --experts "
     "EXPERTS_JSON --train-config CFG": "the released checkpoint and its experts' endpoints "
-    "(its protocol runs on a tiny model in test_orchestrator8b); " + _PLACEHOLDER,
+    "(its protocol runs on a tiny model in test_agent_orchestrator8b); " + _PLACEHOLDER,
     "orchestrax train --config CFG --set hf_path=HF_DIR --set agent.mode=orchestrator8b --set "
     "agent.experts=EXPERTS_JSON": "a GPU-scale run (one protocol step on a tiny model runs in "
-    "test_orchestrator8b); " + _PLACEHOLDER,
+    "test_agent_orchestrator8b); " + _PLACEHOLDER,
     "orchestrax synth --out runs/synth --domain ../shared/data/toolscale/bank --domain MORE "
     "--base-url http://HOST/v1 --model M --usd-per-m-input 0.15 --usd-per-m-output 0.6 "
     "--budget-usd 5 --concurrency 8": "an LLM endpoint HOST; " + _PLACEHOLDER,

@@ -212,7 +212,7 @@ def compile_predicate(schema: Any) -> Predicate | None:
     normalised by `to_json_schema`), or None when the schema uses anything beyond type,
     properties, required, additionalProperties, a single-schema items, an all-string enum and
     annotations. None means "ask jsonschema"; the subset is kept small so that agreeing with
-    jsonschema is easy to check (tests/test_schema_fast.py does, differentially)."""
+    jsonschema is easy to check (tests/test_tools_schema.py does, differentially)."""
     try:
         return _compile(schema)
     except (_NotCompilable, RecursionError):

@@ -8,7 +8,7 @@ import errno
 import os
 
 import pytest
-from test_sandbox_seccomp import run_bpf
+from test_tools_sandbox_seccomp import run_bpf
 
 from orchestrax.tools import sandbox_limits
 from orchestrax.tools.sandbox import SandboxConfig, run_python
