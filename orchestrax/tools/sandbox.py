@@ -32,6 +32,7 @@ SandboxMode = Literal["bwrap", "none"]
 LimitsMode = Literal["auto", "cgroup", "uid"]
 TRUNCATION_MARKER = "\n[... truncated {n} bytes ...]\n"
 _SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
+_CHILD_PATH = "/usr/bin:/bin"   # bound read-only into every sandbox
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -194,7 +195,7 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | No
             # which reaps late or never. Cost: as an init the program ignores SIGXCPU, so the
             # CPU limit kills it with the hard limit's SIGKILL, a second later.
             "--as-pid-1", "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+            "--setenv", "PATH", _CHILD_PATH, "--setenv", "HOME", "/tmp",
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     for d in _SYSTEM_DIRS:
         if os.path.islink(d):
@@ -218,13 +219,20 @@ def _bwrap_argv(config: SandboxConfig, info_fd: int | None, seccomp_fd: int | No
 
 def build_argv(config: SandboxConfig, info_fd: int | None = None,
                seccomp_fd: int | None = None, args: tuple[str, ...] = ("-",),
-               tmpfs_dirs: tuple[str, str] | None = None) -> list[str]:
+               tmpfs_dirs: tuple[str, str] | None = None, lowest_priority: bool = False
+               ) -> list[str]:
     """The command line after the run's lease prefix; by default the code itself goes to the
     interpreter's stdin (`args`: the interpreter's arguments after -I). bwrap writes
     {"child-pid": host pid of the namespace's init} to `info_fd` and reads the compiled seccomp
     filter from `seccomp_fd`. `tmpfs_dirs`: the (/tmp, /dev/shm) mounts `tmpfs_mounts` made,
-    bound in place of bwrap's own tmpfs."""
+    bound in place of bwrap's own tmpfs. `lowest_priority` (a run without a CPU quota): the
+    interpreter starts at nice 19, after bwrap gave it a session (an autogroup) of its own.
+    Niced earlier, the set-up steps would run at nice 19 inside the caller's autogroup and
+    starve behind any busy thread of the caller's session (seconds per run under load, the wall
+    limit reached before the program started)."""
     py = [config.python, "-I", *args]
+    if lowest_priority:
+        py = [shutil.which("nice", path=_CHILD_PATH), "-n", "19", *py]
     if config.mode == "none":
         return _prlimit_argv(config) + py
     return _prlimit_argv(config) + _bwrap_argv(config, info_fd, seccomp_fd, tmpfs_dirs) + py
@@ -365,9 +373,9 @@ async def spawn(config: SandboxConfig, lease: sandbox_limits.Lease,
     try:
         proc = await asyncio.create_subprocess_exec(
             *lease.argv_prefix(mount_argv), *build_argv(config, info_w, seccomp_r, args,
-                                                        tmpfs_dirs),
+                                                        tmpfs_dirs, lease.cgroup is None),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": "/usr/bin:/bin"},
+            stderr=asyncio.subprocess.PIPE, process_group=0, env={"PATH": _CHILD_PATH},
             cwd="/", pass_fds=child_fds, **kwargs)
     except BaseException:
         if info_r is not None:

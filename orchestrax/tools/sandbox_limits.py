@@ -404,15 +404,12 @@ class Lease:
 
     def argv_prefix(self, as_root: list[str] | tuple[str, ...] = ()) -> list[str]:
         """Prepended to the run's command: join the cgroup (as root, before anything else runs),
-        then `as_root` (e.g. the run's mounts), then drop to the leased uid."""
+        then `as_root` (e.g. the run's mounts), then drop to the leased uid. Without a cgroup the
+        program itself runs at nice 19 (`sandbox.build_argv`), not these steps."""
         argv: list[str] = []
         if self.cgroup is not None:
             joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self.cgroup.procs_files())
             argv += ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh"]
-        else:
-            # No CPU quota: the lowest priority instead, so the run's one session (setsid is
-            # refused) yields the CPU to the trainer and to runs that do not spin.
-            argv += [shutil.which("nice") or "/usr/bin/nice", "-n", "19"]
         argv += as_root
         if self.uid is not None:
             argv += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={self.uid}",
