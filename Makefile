@@ -23,7 +23,7 @@ sysdeps:
 	  else echo "note: bubblewrap missing and not root; sandbox tests will fail (apt-get install bubblewrap)"; fi; }
 
 demo: setup
-	$(BIN)/python -m orchestrax.train.demo
+	$(BIN)/orchestrax demo
 
 test: setup
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile tests

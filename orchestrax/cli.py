@@ -102,6 +102,13 @@ def _index_parser(sub: argparse._SubParsersAction) -> None:
                     add_arguments)
 
 
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
+    from orchestrax.train.demo import add_arguments
+    _dialect_parser(sub, "demo", "the CPU demo: warm start, then GRPO of one policy that routes "
+                    "by each task's preference; `orchestrax eval` of both (`make demo`)",
+                    add_arguments)
+
+
 def _rehearse_parser(sub: argparse._SubParsersAction) -> None:
     from orchestrax.train.rehearse import add_arguments
     add_arguments(sub.add_parser("rehearse", help="the whole recipe in miniature on this "
@@ -117,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _synth_parser(sub)
     _export_parser(sub)
     _index_parser(sub)
+    _demo_parser(sub)
     _rehearse_parser(sub)
     for p in sub.choices.values():
         p.add_argument("--debug", action="store_true", default=False,
@@ -146,9 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def command_config(args: argparse.Namespace) -> Any:
-    """The config a parsed `serve`, `eval`, `synth`, `export` or `index` command line says:
-    --config's function (else the command's defaults), then --set and the shorthand flags
-    given."""
+    """The config a parsed `serve`, `eval`, `synth`, `export`, `index` or `demo` command line
+    says: --config's function (the demo's: its file's two functions; else the command's
+    defaults), then --set and the shorthand flags given."""
     from orchestrax.train import overrides, serve
     if args.command == "export":
         from orchestrax.train import export
@@ -156,6 +164,9 @@ def command_config(args: argparse.Namespace) -> Any:
     if args.command == "index":
         from orchestrax.tools import index_command
         return overrides.from_args(args, index_command.IndexCommand, index_command.config)
+    if args.command == "demo":
+        from orchestrax.train import demo
+        return overrides.from_args(args, demo.DemoCommand, demo.config, load=demo.config)
     if args.command == "synth":
         from orchestrax.synth import synth_command as synth_main
         return overrides.from_args(args, synth_main.SynthCommand, synth_main.config)
@@ -190,6 +201,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "index":
         from orchestrax.tools.index_command import run as run_index
         return run_index(command_config(args))
+    if args.command == "demo":
+        from orchestrax.train.demo import run as run_demo
+        return run_demo(command_config(args))
     from orchestrax.eval.eval_command import run as run_eval
     return run_eval(command_config(args))
 

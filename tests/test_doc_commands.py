@@ -72,6 +72,9 @@ def test_python_lines_name_real_files_and_flags(doc, command):
 # Documented lines that do not run in the suite, and why.
 _PLACEHOLDER = "names a directory, host or model the reader fills in (upper-case placeholder)"
 NOT_RUN = {
+    "orchestrax demo --out runs/demo2 --set grpo.steps=4":
+        "the whole demo (warm start, GRPO, two evals: over ten minutes here); its parsing and "
+        "its wiring up to the first Trainer run in test_train_demo",
     "orchestrax train --config configs/demo.py:config_warmstart --set sft_steps=50":
         "the demo's warm start: about 13 minutes on this 2-core box (README's measured time)",
     "orchestrax serve --model runs/export --port 30000":

@@ -87,7 +87,7 @@ def _imports(path: pathlib.Path) -> set[str]:
 GRAPH = {m: _imports(p) - {m} for m, p in MODULES.items()}
 # What users run: the console script, `python -m` modules, operator scripts, benchmarks and the
 # config files `--config` loads. Tests are not users: a module only tests import belongs in tests/.
-ENTRY_POINTS = {"orchestrax.cli", "orchestrax.train.demo"}.union(
+ENTRY_POINTS = {"orchestrax.cli"}.union(
     *(_imports(p) for d in ("tools", "bench", "configs") for p in (ROOT / d).glob("*.py")))
 
 

@@ -36,3 +36,58 @@ def test_table_prints_a_dash_for_a_share_of_no_calls():
     assert "nan" not in out and "no tool call" in out
     line = out.splitlines()[-2]
     assert line.split()[-7:] == ["0.50", "0.25", "0.75", "-", "1.00", "0.00", "-"]
+
+
+def _demo_command(*argv):
+    from orchestrax.cli import build_parser, command_config
+    return command_config(build_parser().parse_args(["demo", *argv]))
+
+
+def test_the_demo_command_runs_the_config_files_two_runs(monkeypatch):
+    """Without flags `orchestrax demo` runs configs/demo.py's warm start and GRPO as written."""
+    monkeypatch.chdir(ROOT)  # the config file is read from the working directory
+    cmd = _demo_command()
+    configs = runpy.run_path(str(ROOT / "configs" / "demo.py"))
+    assert (cmd.out, cmd.fresh) == ("runs/demo", False)
+    assert demo.runs(cmd) == (configs["config_warmstart"](), configs["config"]())
+
+
+def test_demo_flags_and_set_change_the_command_fields(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "d"
+    cmd = _demo_command("--out", str(out), "--fresh", "--set", "warmstart.sft_steps=2",
+                        "--set", "grpo.steps=1", "--config", "configs/demo.py")
+    warm, grpo = demo.runs(cmd)
+    assert cmd.fresh and cmd.out == str(out)
+    assert (warm.sft_steps, warm.steps, grpo.sft_steps, grpo.steps) == (2, 0, 0, 1)
+    assert (warm.out_dir, warm.init_from) == (str(out / "warmstart"), None)
+    assert (grpo.out_dir, grpo.init_from) == (str(out / "grpo"), str(out / "warmstart"))
+
+
+def test_demo_bad_input_is_one_line_naming_the_field(tmp_path, monkeypatch, capsys):
+    from orchestrax.cli import main
+    monkeypatch.chdir(tmp_path)  # no configs/demo.py here
+    for argv, named in ((["demo"], "--config 'configs/demo.py' not found"),
+                        (["demo", "--config", str(ROOT / "configs" / "demo.py"),
+                          "--set", "grpo.bogus=1"], "grpo.bogus"),
+                        (["demo", "--config", str(ROOT / "configs" / "demo.py"),
+                          "--set", "fresh=maybe"], "fresh='maybe'")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert named in err and err.count("\n") == 1, err
+    (tmp_path / "two.py").write_text("def config(): return None\n")
+    assert main(["demo", "--config", "two.py"]) == 2
+    assert "no function 'config_warmstart'" in capsys.readouterr().err
+
+
+def test_orchestrax_demo_reaches_the_trainer(tmp_path, monkeypatch, capsys):
+    """The sub-command's wiring up to the first run: --fresh empties --out, then the warm
+    start's Trainer is built and refuses an sft_batch the 8 devices do not divide."""
+    from orchestrax.cli import main
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "stale").write_text("")
+    assert main(["demo", "--out", str(out), "--fresh", "--set", "warmstart.sft_batch=9"]) == 2
+    assert "sft_batch=9 does not split over the 8 devices" in capsys.readouterr().err
+    assert not (out / "stale").exists()

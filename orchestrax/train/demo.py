@@ -1,14 +1,16 @@
 """`make demo`: warm-start a tiny routing policy on CPU, then train ONE policy by GRPO that routes
 by each task's preference vector.
 
-    python -m orchestrax.train.demo [--out runs/demo] [--fresh] [--config configs/demo.py]
+    orchestrax demo [--config configs/demo.py] [--out runs/demo] [--fresh] [--set grpo.steps=4]
 
-Runs the config file (relative to the working directory: commands run from the repository
-root): a supervised warm start (tools chosen uniformly, never told which tool a preference
-favours), then one GRPO run on tasks whose P is drawn per task from the cost-weighted and
-latency-weighted training pairs. The table shows, on held-out tasks of each kind, the preferred
-tool's share of calls before and after GRPO, as the trainer's evaluation and `orchestrax eval`
-measure it, and the GRPO policy's preference adherence against the warm start.
+Configured as every command is: a `DemoCommand` built from the config file's `config_warmstart()`
+and `config()` (and its `OUT`), changed by `--set warmstart.x=..`, `--set grpo.x=..` and the
+shorthands --out and --fresh. The file is read relative to the working directory (commands run
+from the repository root). It runs a supervised warm start (tools chosen uniformly, never told
+which tool a preference favours), then one GRPO run on tasks whose P is drawn per task from the
+cost-weighted and latency-weighted training pairs. The table shows, on held-out tasks of each
+kind, the preferred tool's share of calls before and after GRPO, as the trainer's evaluation and
+`orchestrax eval` measure it, and the GRPO policy's preference adherence against the warm start.
 `<out>/preference_shares.png` plots the preferred tool's share per P kind per GRPO step and the
 eval numbers. Rerunning resumes every run where it stopped.
 """
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrax.checks import check_fields
 from orchestrax.envs.routing import RoutingConfig, preferred_from_vector
 from orchestrax.train import plots, setup
 from orchestrax.train.train_config import TrainConfig
@@ -36,24 +39,58 @@ CONFIG = "configs/demo.py"
 KINDS = ("cost", "latency")
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="base output directory (default: the config's OUT)")
-    ap.add_argument("--fresh", action="store_true", help="delete the output directory first")
-    ap.add_argument("--config", default=CONFIG,
-                    help="file with config_warmstart() and config() (default: %(default)s)")
-    args = ap.parse_args(argv)
-    if not Path(args.config).is_file():
-        raise SystemExit(f"orchestrax.train.demo: --config {args.config!r} not found; run from "
-                         "the repository root or give the path of configs/demo.py")
-    setup.configure_logging()
-    configs = runpy.run_path(args.config)
-    base = Path(args.out or configs["OUT"])
-    warm, grpo = (dataclasses.replace(
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DemoCommand:
+    """Everything `orchestrax demo` is told: the two runs and where they go."""
+
+    warmstart: TrainConfig   # supervised warm start; its step-0 eval is the "before RL" row
+    grpo: TrainConfig        # GRPO from the warm start (its init_from names the warm start's run)
+    # Base directory: each run's out_dir (and the GRPO run's init_from) become out/<its last
+    # path component>.
+    out: str = "runs/demo"
+    fresh: bool = False      # delete `out` first; otherwise a rerun resumes both runs
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def config(path: str = CONFIG) -> DemoCommand:
+    """The `DemoCommand` of a config file that defines `config_warmstart()` and `config()` (both
+    returning a TrainConfig) and optionally `OUT` (the default --out)."""
+    if not Path(path).is_file():
+        raise ValueError(f"--config {path!r} not found; run from the repository root or give the "
+                         f"path of {CONFIG}")
+    namespace = runpy.run_path(path)
+    missing = [f for f in ("config_warmstart", "config") if f not in namespace]
+    if missing:
+        raise ValueError(f"--config {path}: no function {missing[0]!r}; a demo config defines "
+                         "config_warmstart() and config()")
+    return DemoCommand(warmstart=namespace["config_warmstart"](), grpo=namespace["config"](),
+                       out=str(namespace.get("OUT", DemoCommand.out)))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Shorthands of `DemoCommand` fields (dest = the field); `p` has argument_default SUPPRESS,
+    so one not given is absent."""
+    p.add_argument("--out", help="base output directory (default: the config file's OUT)")
+    p.add_argument("--fresh", action="store_true", help="delete the output directory first")
+
+
+def runs(cmd: DemoCommand) -> tuple[TrainConfig, TrainConfig]:
+    """The warm-start and GRPO TrainConfigs as they run: out_dir and init_from under `cmd.out`."""
+    base = Path(cmd.out)
+    return tuple(dataclasses.replace(
         c, out_dir=str(base / Path(c.out_dir).name),
         init_from=None if c.init_from is None else str(base / Path(c.init_from).name))
-        for c in (configs["config_warmstart"](), configs["config"]()))
-    if args.fresh:
+        for c in (cmd.warmstart, cmd.grpo))
+
+
+def run(cmd: DemoCommand) -> int:
+    """Train both runs, evaluate both with `orchestrax eval`, print the table; 0 when done."""
+    setup.configure_logging()
+    warm, grpo = runs(cmd)
+    base = Path(cmd.out)
+    if cmd.fresh:
         shutil.rmtree(base, ignore_errors=True)
     start = time.perf_counter()
     train(warm)
@@ -71,6 +108,7 @@ def main(argv=None) -> None:
     print(f"\ntraining took {minutes[0]:.1f} min, `orchestrax eval` {minutes[1]:.1f} min; "
           f"metrics: {base}/*/metrics.jsonl (TensorBoard: {base}/*/tensorboard); "
           f"preferred-tool share per step: {png}")
+    return 0
 
 
 def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConfig) -> str:
@@ -134,6 +172,3 @@ def eval_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
             (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["phase"] == "eval"]
 
-
-if __name__ == "__main__":
-    main()

@@ -28,10 +28,15 @@ def add_arguments(p: argparse.ArgumentParser, *, required: bool = False) -> None
                    help="override a config field, e.g. rollout.group_size=4 (repeatable)")
 
 
-def from_args(args: argparse.Namespace, kind: type, default: Callable[[], Any]) -> Any:
+def from_args(args: argparse.Namespace, kind: type, default: Callable[[], Any],
+              load: Callable[[str], Any] | None = None) -> Any:
     """The command's config: `--config`'s function (else `default()`), then `--set` and the
-    flags given, all applied together."""
-    cfg = load_config(args.config, kind) if args.config else default()
+    flags given, all applied together. `load` reads a command's own kind of config file (the
+    demo's holds two functions); by default `--config` names one function returning a `kind`."""
+    if args.config:
+        cfg = load(args.config) if load else load_config(args.config, kind)
+    else:
+        cfg = default()
     flags = {k: v for k, v in vars(args).items() if k not in NOT_FIELDS}
     return apply_overrides(cfg, args.set, flags)
 
