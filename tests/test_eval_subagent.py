@@ -107,7 +107,11 @@ def test_grid_runs_every_point_and_writes_table_and_plots(tmp_path):
     assert {p.name for p in written} == {"grid.json", "grid.csv", "grid_accuracy.png",
                                          "grid_tokens.png", "grid_calls.png"}
     assert all(p.stat().st_size > 0 for p in written)
-    assert len((tmp_path / "out" / "grid.csv").read_text().splitlines()) == 1 + 4
+    header, *lines = (tmp_path / "out" / "grid.csv").read_text().splitlines()
+    assert len(lines) == 4
+    assert header.split(",")[:5] == ["agent", "thinking", "ablation", "task_set", "tasks"]
+    calls = [c for c in header.split(",") if c.startswith("calls_")]
+    assert header.split(",")[-len(calls) - 1:] == ["total_tokens", *sorted(calls)] and calls
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ and ablations do not apply to it.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import pathlib
 from typing import Any, Sequence
@@ -119,15 +118,10 @@ def write_grid(payload: dict[str, Any], out_dir: str | pathlib.Path) -> list[pat
     out.mkdir(parents=True, exist_ok=True)
     rows = payload["rows"]
     report.write_json(out / "grid.json", payload)
+    report.write_csv(out / "grid.csv", rows, ("agent", "thinking", "ablation", "task_set",
+                                               "tasks", *[k for k, _, _ in COLUMNS],
+                                               "total_tokens"))
     tools = sorted({t for r in rows for t in r["calls_per_task"]})
-    fields = ["agent", "thinking", "ablation", "task_set", "tasks", *[k for k, _, _ in COLUMNS],
-              "total_tokens", *[f"calls_{t}" for t in tools]]
-    with (out / "grid.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k in fields if not k.startswith("calls_")}
-                       | {f"calls_{t}": r["calls_per_task"].get(t, 0.0) for t in tools})
     return [out / "grid.json", out / "grid.csv", *_plots(out, rows, tools)]
 
 

@@ -38,10 +38,16 @@ def write_json(path: pathlib.Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=1))
 
 
-def write_csv(path: pathlib.Path, rows: Sequence[dict[str, Any]]) -> None:
+EVAL_FIELDS = ("policy", "task_set", "turn_limit", "tasks", *[k for k, _, _ in COLUMNS],
+               "tool_input_tokens", "tool_output_tokens")
+
+
+def write_csv(path: pathlib.Path, rows: Sequence[dict[str, Any]],
+              leading: Sequence[str] = EVAL_FIELDS) -> None:
+    """One line per row: the `leading` fields, then `calls_<tool>` (calls per task) for every
+    tool any row called, sorted."""
     tools = sorted({t for r in rows for t in r["calls_per_task"]})
-    fields = ["policy", "task_set", "turn_limit", "tasks", *[k for k, _, _ in COLUMNS],
-              "tool_input_tokens", "tool_output_tokens", *[f"calls_{t}" for t in tools]]
+    fields = [*leading, *[f"calls_{t}" for t in tools]]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()

@@ -152,17 +152,17 @@ async def _observe(tools: dict[str, Any], calls: list[tuple[str, dict[str, Any]]
                    concurrency: int = 4) -> list[str]:
     """Each call run through the real tool; a failed call's observation is its error text, as
     the executor would show it."""
+    from orchestrax.agent.fanout import fan_out
     from orchestrax.tools.tool import ToolError
-    gate = asyncio.Semaphore(concurrency)
 
-    async def one(name: str, args: dict[str, Any]) -> str:
-        async with gate:
-            try:
-                return (await tools[name](args)).observation
-            except ToolError as e:
-                return f"Error: tool {name!r} failed: {e}"
+    async def one(call: tuple[str, dict[str, Any]]) -> str:
+        name, args = call
+        try:
+            return (await tools[name](args)).observation
+        except ToolError as e:
+            return f"Error: tool {name!r} failed: {e}"
 
-    return await asyncio.gather(*(one(n, a) for n, a in calls))
+    return await fan_out(one, calls, max_in_flight=concurrency)
 
 
 def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],

@@ -17,6 +17,7 @@ import jax
 
 from orchestrax import models, registry
 from orchestrax.checks import at_least, one_of
+from orchestrax.rollout.embedded import ENGINES
 from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
@@ -25,7 +26,6 @@ from orchestrax.train import checkpoint
 log = logging.getLogger("orchestrax.serve")
 
 
-ENGINES = ("static", "continuous")
 PARAM_DTYPES = ("auto", "float32", "bfloat16")
 API_KEY_ENV = "ORCHESTRAX_SERVE_API_KEY"
 TINY = "tiny"
