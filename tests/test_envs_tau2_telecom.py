@@ -322,6 +322,7 @@ def test_tau2env_telecom_episode_over_loopback(dom):
             return opened, reply, user, srv.requests, await env.verify(task, traj)
 
     opened, reply, user, requests, reward = asyncio.run(play(True))
+    assert [m["role"] for m in opened.messages] == ["system", "assistant", "user"]
     assert opened.messages[-1]["content"] == "My mobile data does not work."
     assert reply.stop and reward == 1.0
     # the phone's result went back to the endpoint, and the tools are listed in its prompt

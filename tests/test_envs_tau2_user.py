@@ -161,12 +161,41 @@ def test_env_construction_splits_and_user_hook(shared_data):
     with pytest.raises(ValueError, match="split='dev'; allowed: .*'all', 'eval'"):
         env.tasks("dev")
     task = env.tasks("train")[0]
-    fallback = env.user_for(task)  # no endpoint: the scenario once, then ###STOP###
-    assert isinstance(fallback, ScriptedUser) and "Reason for call:" in fallback.lines[0]
-    assert asyncio.run(fallback([])).text == fallback.lines[0]
-    assert asyncio.run(fallback([])).stop
-    assert task.messages[0]["role"] == "system" and "<policy>" in task.messages[0]["content"]
+    # no endpoint: no user simulator; the scenario is the task's first user message
+    assert env.user_for(task) is None
+    system, request = task.messages
+    assert system["role"] == "system" and "<policy>" in system["content"]
+    assert request == {"role": "user", "content": render_scenario(env.raw(task))}
+    assert "Reason for call:" in request["content"]
     with_user = tau2.Tau2Env(env.domain, user_endpoint=ChatEndpoint(base_url="http://127.0.0.1:9", model="u"))
+    assert [m["role"] for m in with_user.tasks("train")[0].messages] == ["system"]  # user speaks at open
     assert isinstance(with_user.user_for(task), LLMUser)
     with pytest.raises(KeyError, match="not a task of tau2 domain airline"):
         env.raw(dataclasses.replace(task, metadata={"tau2_id": "nope"}))
+
+
+def test_without_a_user_the_episode_opens_with_the_scenario_and_ends_at_the_answer(retail):
+    """The trainer's episode function on a userless tau2 task: no user simulator reaches the
+    episode, the policy's prompt holds the scenario, and the episode ends at its answer."""
+    from orchestrax.agent.codec import Codec
+    from orchestrax.agent.executor import ToolExecutor
+    from orchestrax.envs.environment import play_task
+
+    env = Tau2Env(retail)
+    task = next(t for t in env.tasks("all") if t.metadata["tau2_id"] == "1")
+    reason = env.raw(task)["user_scenario"]["instructions"]["reason_for_call"].strip()
+    codec = Codec(tiny_qwen3_tokenizer())
+    users = []
+
+    async def run(start, tools, user):
+        users.append(user)
+        cfg = EpisodeConfig(context_tokens=400_000, max_new_tokens=64, max_turns=3,
+                            enable_thinking=False)
+        return await run_episode(ScriptedSampler(codec, ["<answer>Done.</answer>"]), codec, start,
+                                 tools, config=cfg, executor=ToolExecutor(), user=user)
+
+    traj, outcome = asyncio.run(play_task(env, task, run))
+    assert users == [None]
+    assert traj.end_reason == "answer" and traj.final_answer == "Done." and outcome == 0.0
+    prompt = codec.decode(traj.token_ids[:traj.prompt_len])
+    assert reason[:60] in prompt and GREETING not in prompt

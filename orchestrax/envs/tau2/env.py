@@ -1,9 +1,11 @@
 """tau2 domains as an `orchestrax.envs.environment.Environment`.
 
 An episode: `task = await env.open(env.tasks("train")[i], user)` adds the agent's greeting and
-the simulated user's first message (tau2 conversations start with the user, so `tasks()` stops
-at the system prompt); the agent loop runs with `env.tools(task)` (one fresh DB shared by all
-of that episode's tools) and `user`; then `await env.verify(task, trajectory)`.
+the simulated user's first message (tau2 conversations start with the user, so with a user
+endpoint `tasks()` stops at the system prompt); the agent loop runs with `env.tools(task)` (one
+fresh DB shared by all of that episode's tools) and `user`; then `await env.verify(task,
+trajectory)`. Without a user endpoint each task opens with its scenario as the user's message and
+the episode ends at the policy's answer, as a single-turn task does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from orchestrax.envs.environment import EnvConfig, Environment
 from orchestrax.envs.tau2.domain import Tau2Domain, load_domain
 from orchestrax.envs.tau2.telecom import TelecomDomain
 from orchestrax.envs.tau2.telecom_sim import EpisodeBook
-from orchestrax.envs.tau2.user import GREETING, LLMUser, ScriptedUser, render_scenario
+from orchestrax.envs.tau2.user import GREETING, LLMUser, render_scenario
 from orchestrax.envs.tau2.verify import GoldCache, Verdict, check, trajectory_calls, trajectory_texts
 from orchestrax.tools.tool import Tool
 from orchestrax.tools.randomize import instance_tools
@@ -49,7 +51,7 @@ class Tau2Config(EnvConfig):
 
 class Tau2Env(Environment):
     """`domain`: a loaded Tau2Domain or its folder. Without `user_endpoint` there is no
-    simulated user (`user_for` gives a scripted one who states the task's scenario once). `completeness=False`
+    simulated user: each task's scenario is its first user message. `completeness=False`
     scores exactly as tau2-bench does (for reporting benchmark numbers); True adds the
     ToolScale operation-completeness check (for training). `tools`: the orchestrator's own
     catalog (LLMs, search, code), offered next to the domain's functions; calls to them do not
@@ -84,8 +86,14 @@ class Tau2Env(Environment):
             raise ValueError(f"tau2 {self.domain.name} split={split!r}; allowed: "
                              f"{sorted(self.domain.splits) + ['all', 'eval']}")
         system = {"role": "system", "content": _AGENT_PROMPT.format(policy=self.domain.policy.strip())}
-        return [Task(task_id=f"tau2/{self.domain.name}/{i}", messages=(system,),
+        return [Task(task_id=f"tau2/{self.domain.name}/{i}", messages=self._opening(system, i),
                      metadata={"domain": self.domain.name, "tau2_id": i}) for i in ids]
+
+    def _opening(self, system: dict, tau2_id: str) -> tuple[dict, ...]:
+        """A user endpoint speaks first at `open`; without one the scenario is the request."""
+        if self.user_endpoint is not None:
+            return (system,)
+        return (system, {"role": "user", "content": render_scenario(self._by_id[tau2_id])})
 
     def raw(self, task: Task) -> dict:
         """The task's tau2 record (user_scenario, evaluation_criteria, ...)."""
@@ -103,19 +111,17 @@ class Tau2Env(Environment):
             return self._telecom.user(self.raw(task), self.user_endpoint)
         return LLMUser(self.raw(task), self.user_endpoint)
 
-    def user_for(self, task: Task) -> UserResponder:
-        """The agent loop's hook: an LLM user per episode; without an endpoint, a user who
-        opens with the task's scenario (its instructions as text) and stops at the next reply,
-        so the episode still has the request to work on."""
-        if self.user_endpoint is None:
-            return ScriptedUser([render_scenario(self.raw(task))])
-        return self.user(task)
+    def user_for(self, task: Task) -> UserResponder | None:
+        """The agent loop's hook: an LLM user per episode, or None without an endpoint (the
+        task's messages already carry its scenario)."""
+        return None if self.user_endpoint is None else self.user(task)
 
     async def open(self, task: Task, user: UserResponder) -> Task:
-        """`task` with the agent's greeting and the user's first message appended."""
-        greeting = {"role": "assistant", "content": GREETING}
-        reply = await user([*task.messages, greeting])
-        return dataclasses.replace(task, messages=(*task.messages, greeting,
+        """`task`'s system prompt, the agent's greeting and the user's first message (which
+        takes the place of the scenario a task of a userless env opens with)."""
+        system, greeting = task.messages[:1], {"role": "assistant", "content": GREETING}
+        reply = await user([*system, greeting])
+        return dataclasses.replace(task, messages=(*system, greeting,
                                                    {"role": "user", "content": reply.text}))
 
     def tools(self, task: Task) -> list[Tool]:
