@@ -63,19 +63,21 @@ USER = ("http://127.0.0.1:31000/v1", "Qwen3-32B")
 def tools(endpoints: dict[str, tuple[str, str, str | None]] = ENDPOINTS, *,
           search_backend: str = "dense", search_titles: tuple[str, ...] | None = None,
           web: bool = True, sandbox: SandboxConfig = SandboxConfig(),
-          llm_max_tokens: int = 1024, clock: str = "measured") -> CatalogConfig:
+          llm_max_tokens: int = 1024, llm_temperature: float = 0.0, llm_seed: int | None = None,
+          clock: str = "measured") -> CatalogConfig:
     """Paper's tool set: code sandbox, local search (FAISS over an embedder; "bm25" where no
     embedder), web search (Tavily; left out without its key), the LLM tools (at most
-    `llm_max_tokens` a reply); priced by the training sheet `train_list` (instances then draw
-    from every training sheet). `clock`: the sandbox and local search are charged their measured
-    seconds (the recipe) or their nominal ones (the rehearsal: a redone step then reproduces
-    the killed run's rewards under any load)."""
+    `llm_max_tokens` a reply, sampled at `llm_temperature` with `llm_seed`); priced by the
+    training sheet `train_list` (instances then draw from every training sheet). `clock`: the
+    sandbox and local search are charged their measured seconds (the recipe) or their nominal
+    ones (the rehearsal: a redone step then reproduces the killed run's rewards under any load)."""
     llms = []
     for name, role, model in LLM_TOOLS:
         url, served, key = endpoints[model]
         llms.append(LLMToolConfig(name=name, role=role, price_model=model, sandbox=sandbox,
                                   chat=ChatEndpoint(base_url=url, model=served, api_key_env=key,
-                                                    max_tokens=llm_max_tokens)))
+                                                    max_tokens=llm_max_tokens,
+                                                    temperature=llm_temperature, seed=llm_seed)))
     return CatalogConfig(
         python=sandbox,
         search=SearchIndexConfig(corpus_path=str(DATA / "corpus" / "wiki_summaries_en.json"),
@@ -245,8 +247,11 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         # No tau2 domain: a retail prompt with its tools is 10.6k tiny-tokenizer tokens, which
         # made the warm start alone take over 20 minutes on two shared cores.
         env=mixture(user, tau2_domains=(), qa_sets=("bamboogle_125", "aime_2024_2025")),
+        # The experts are random tiny models with tied embeddings: greedy decoding copies the
+        # prompt's last token ("\n" after the assistant header), a reply that strips to nothing.
+        # Sampled they write random words; the seed keeps a redone step's observations equal.
         tools=tools(experts, search_backend="bm25", search_titles=titles, web=False,
-                    llm_max_tokens=16, clock="nominal"),
+                    llm_max_tokens=16, llm_temperature=1.0, llm_seed=0, clock="nominal"),
         # Checkpoints every 16 SFT steps and after the last of 2 GRPO steps: a kill after
         # step 1 resumes from the warm start and redoes step 1, whose metrics the killed run
         # logged (a checkpoint costs ~10 s here).

@@ -1,12 +1,14 @@
-"""`orchestrax rehearse`'s parts that run without starting servers: the endpoints it would serve,
-its warm-start conversations, its refusals."""
+"""`orchestrax rehearse`'s parts: the endpoints it would serve, its warm-start conversations, its
+refusals, and its LLM tools' replies from a real `orchestrax serve --tiny` expert."""
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import pathlib
 
 import pytest
+from loopback import free_port, start_tiny_server
 
 from orchestrax.train import rehearse
 from orchestrax.train.overrides import load_config
@@ -51,3 +53,33 @@ def test_bad_rehearsal_configs_are_named(tmp_path):
         rehearse.run(args)
     with pytest.raises(ValueError, match="not a loopback URL"):
         rehearse.url_port("http://10.0.0.1:30000")
+
+
+@pytest.mark.slow  # the server's start and first compile: ~1-2 min on two shared cores
+def test_the_llm_tools_get_words_from_a_tiny_expert(monkeypatch):
+    """The rehearsal's generalist LLM tools against a real `orchestrax serve --tiny` on their
+    port: every reply has text (a greedy random model repeats the header's "\n", which strips
+    to nothing), is billed by its tokens, and is the same when asked again (seeded)."""
+    from orchestrax import registry
+
+    port = free_port()
+    monkeypatch.setenv("ORCHESTRAX_REHEARSAL_PORT", str(port - 10))  # generalists: base + 10
+    cfg = load_config(f"{CONFIG}:config_rehearsal")
+    served = [t for t in cfg.tools.llms if t.chat.base_url == f"http://127.0.0.1:{port}/v1"]
+    assert {t.role for t in served} == {"generalist"} and len(served) == 4
+    tools = registry.build_catalog(dataclasses.replace(cfg.tools, llms=tuple(served)))
+    query = {"query": "What is 6 times 7?"}
+
+    async def main():
+        proc = await start_tiny_server(port)
+        try:
+            return [[await tools[t.name](query) for t in served] for _ in range(2)]
+        finally:
+            proc.kill()
+            await proc.wait()
+
+    first, again = asyncio.run(main())
+    for result, repeat in zip(first, again):
+        assert result.observation.strip() and result.observation != "[empty reply]"
+        assert result.output_tokens > 0 and result.cost > 0
+        assert repeat.observation == result.observation
