@@ -140,3 +140,31 @@ def test_each_rehearsal_process_syncs_weights_to_its_own_server(monkeypatch):
     assert len(shares[0]) == len(shares[1]) == 1 and not set(shares[0]) & set(shares[1])
     with pytest.raises(ValueError, match="repeats .*each URL must appear once"):
         setup.server_share(("http://127.0.0.1:30500",) * 2)
+
+
+def test_mixture_instances_draw_their_tools_from_the_shared_catalog(monkeypatch):
+    """The recipe's mixture offers its sources' one catalog, so each training instance gets its
+    own tool subset and training sheet (a mixture without a catalog gave every instance all
+    tools); sources given different catalogs are refused."""
+    from orchestrax.data.instances import prepare_instance
+    from orchestrax.envs.mixture import MixtureEnv
+    from orchestrax.tools.randomize import TOOL_CONFIG_KEY
+    from orchestrax.tools.sheets import load_sheet
+
+    monkeypatch.setenv("ORCHESTRAX_REHEARSAL_PORT", "40000")
+    cfg = _load("toolorchestra.py:config_rehearsal")
+    env = setup.make_env(cfg)
+    names = sorted(t.name for t in cfg.tools.llms) + ["local_search", "python"]
+    assert sorted(env.catalog) == sorted(names)
+    task = env.tasks("train")[0]
+    drawn = [prepare_instance(task, env, split="train", seed=s, config=cfg.instances)
+             for s in range(6)]
+    subsets = [tuple(sorted(t.spec.name for t in env.tools(i))) for i in drawn]
+    assert len(set(subsets)) > 1 and all(set(s) <= set(names) and s for s in subsets)
+    for inst, subset in zip(drawn, subsets):
+        assert tuple(inst.metadata[TOOL_CONFIG_KEY]["tools"]) == subset
+        assert load_sheet(inst.metadata[TOOL_CONFIG_KEY]["sheet"]).split == "train"
+    (qa_name, qa_env), (other_name, other_env) = list(env._envs.items())[:2]
+    other_env.catalog = {"python": qa_env.catalog["python"]}
+    with pytest.raises(ValueError, match="different tool catalogs"):
+        MixtureEnv([(qa_name, 1.0, qa_env), (other_name, 1.0, other_env)])

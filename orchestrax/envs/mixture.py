@@ -9,6 +9,7 @@ of a step's tasks as `mix/<source>`, next to each source's own stats as `<source
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -62,6 +63,14 @@ class MixtureEnv(Environment):
         self.names = tuple(names)
         self.weights = tuple(float(w) for _, w, _ in sources)
         self._envs = {name: env for name, _, env in sources}
+        # The one orchestrator catalog the sources that take it share: what per-instance tool
+        # subsets and sheets are drawn from (without it every instance got every tool).
+        offered = {name: sorted(env.catalog) for name, env in self._envs.items() if env.catalog}
+        if len({tuple(c) for c in offered.values()}) > 1:
+            raise ValueError(f"MixtureEnv sources offer different tool catalogs {offered}; "
+                             "every source that takes a catalog must get the same one")
+        self.catalog = types.MappingProxyType(
+            next((dict(self._envs[name].catalog) for name in offered), {}))
 
     def _env(self, task: Task) -> Environment:
         return self._envs[task.metadata["source"]]
