@@ -107,6 +107,7 @@ def test_stream_info_health_flush_abort_and_models():
     assert len(json.loads(events[0][len("data: "):])["output_ids"]) == 3
     assert info["weight_version"] == "0" and info["is_generation"] is True
     assert sinfo["max_running_requests"] == 8 and sinfo["context_length"] == 96
+    assert sinfo["engine"] == "static"
     assert codes == [200, 200, 200, 400]
     assert mods["data"][0]["id"] == "orchestrax"
 

@@ -64,6 +64,8 @@ class _Pending:
 class EmbeddedSampler(Sampler):
     """Sampler protocol over `models.forward_with_cache` on whatever mesh the params live on."""
 
+    engine_name = "static"   # its name in ENGINES (`/server_info` reports it)
+
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
                  min_bucket: int = 16, gather_s: float = 0.0, poll_s: float = 0.0005,
@@ -379,6 +381,8 @@ class ContinuousSampler(EmbeddedSampler):
     allocated while idle, so an episode's next turn finds its prefix there (the engine's
     prefix cache); `drop_params` frees it with the weights (the trainer's step needs both).
     """
+
+    engine_name = "continuous"
 
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,

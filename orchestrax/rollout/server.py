@@ -36,7 +36,6 @@ from orchestrax.rollout.sampler import GenerateRequest, GenerateResult
 from orchestrax.rollout import rl_routes
 from orchestrax.rollout.chat_route import chat_completions, list_models
 from orchestrax.rollout.openai_completions import completions
-from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
                                         sse)
 from orchestrax.rollout.protocol import parse_generate, result_to_json
@@ -205,7 +204,7 @@ async def server_info(request: web.Request) -> web.Response:
         "model_path": st.model_path, "tokenizer_path": st.tokenizer_path,
         "served_model_name": st.served_model_name, "weight_version": s.weight_version,
         "context_length": s.max_len, "max_running_requests": s.max_batch,
-        "engine": "continuous" if isinstance(s, ContinuousSampler) else "static",
+        "engine": s.engine_name,
         "internal_states": [{"outstanding_requests": s.outstanding, **s.stats,
                              "weight_updates": st.weight_updates}],
         "limits": dataclasses.asdict(st.limits), "version": "orchestrax",
