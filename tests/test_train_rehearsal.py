@@ -25,8 +25,8 @@ from orchestrax.train.overrides import load_config
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = f"{ROOT / 'configs' / 'toolorchestra.py'}:config_rehearsal"
 # What a redone step must reproduce (timings, sampler queue counters and wall seconds vary).
-SAME = ("loss", "reward_mean", "accuracy", "grad_norm", "cost_mean", "turns_mean",
-        "tokens/prompt_mean", "filter/kept")
+SAME = ("train/loss", "rollout/reward_mean", "rollout/accuracy", "train/grad_norm",
+        "rollout/cost_mean", "rollout/turns_mean", "tokens/prompt_mean", "filter/kept")
 
 
 def _free_base() -> int:
@@ -89,5 +89,5 @@ def test_rehearsal_runs_end_to_end_and_a_killed_process_resumes(tmp_path, shared
     before, after = killed[0], final[0]
     assert before["step"] == after["step"] == 1
     keys = [k for k in before if k in SAME or k.startswith("tools/")]
-    assert "loss" in keys and "reward_mean" in keys
+    assert "train/loss" in keys and "rollout/reward_mean" in keys
     assert {k: after[k] for k in keys} == pytest.approx({k: before[k] for k in keys}, rel=1e-5)
