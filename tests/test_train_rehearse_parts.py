@@ -28,6 +28,13 @@ def test_endpoints_and_warm_start_conversations(tmp_path, monkeypatch):
     tools = registry.build_catalog(dataclasses.replace(cfg.tools, llms=()))
     path = tmp_path / "sft.jsonl"
     counts = rehearse.write_sft_data(cfg, path, tools, limit=6)
+    from orchestrax.agent import chat
+    from orchestrax.train import setup
+    from orchestrax.train.warmstart import ConversationRenderer
+    env = setup.make_env(cfg)
+    catalog, env_system = env.catalog, env.tasks("train")[0].messages[0]["content"]
+    codec = registry.build_codec(cfg.tokenizer)
+    render = ConversationRenderer(codec)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert counts == {"local_search": 3, "python": 3} and len(records) == 6
     for r in records:
@@ -39,6 +46,17 @@ def test_endpoints_and_warm_start_conversations(tmp_path, monkeypatch):
         seen = r["messages"][-2]["content"]
         assert seen.strip() == "42" if name == "python" else seen.startswith("[1] ")
         assert r["messages"][-1]["content"].startswith("<answer>")
+        # The prompt is an RL instance's: its tool subset (offering the called tool) and its
+        # preference instruction after the task's system prompt, rendered as a rollout's.
+        offered = [t["function"]["name"] for t in r["tools"]]
+        assert name in offered and set(offered) <= set(catalog)
+        system = r["messages"][0]["content"]
+        assert system.startswith(env_system) and len(system) > len(env_system)
+        ids, mask = render(r["messages"], r["tools"])
+        prompt = chat.render_messages(r["messages"][:-3], tools=r["tools"],
+                                      add_generation_prompt=True, enable_thinking=False)
+        assert codec.decode(ids[:mask.index(1)]) == prompt
+    assert len({tuple(t["function"]["name"] for t in r["tools"]) for r in records}) > 1
 
 
 def test_bad_rehearsal_configs_are_named(tmp_path):

@@ -165,12 +165,30 @@ async def _observe(tools: dict[str, Any], calls: list[tuple[str, dict[str, Any]]
     return await fan_out(one, calls, max_in_flight=concurrency)
 
 
+def _instance_offering(cfg: TrainConfig, env: Any, task: Any, name: str, draws: int = 64):
+    """A training instance of `task` (tool subset, sheet, P, drawn as the RL steps draw them)
+    whose tools include `name`: the first of `draws` seeded draws that offers it."""
+    from orchestrax.data.instances import prepare_instance
+    from orchestrax.tools.randomize import instance_seed
+    for k in range(draws):
+        inst = prepare_instance(task, env, split="train", config=cfg.instances,
+                                seed=instance_seed(cfg.seed, task.task_id, "warm-start", k))
+        tools = env.tools(inst)
+        if name in {t.spec.name for t in tools}:
+            return inst, tools
+    raise ValueError(f"rehearsal: no instance of {task.task_id} in {draws} draws offers tool "
+                     f"{name!r}; check instances.randomize")
+
+
 def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
                    limit: int | None = None) -> dict[str, int]:
     """Warm-start conversations over the run's train tasks (the first `limit`): each calls one
     tool of `tools` (round robin, so every kind is demonstrated), with the observation the real
-    tool returned, then answers (the gold answer where the task has one). The warm start
-    teaches the tool-call format, as the paper's does. Returns the calls per tool."""
+    tool returned, then answers (the gold answer where the task has one). Each record holds the
+    prompt an RL rollout of that task sees: an instance's tools (its subset and prices, one that
+    offers the called tool) and its preference instruction, so the format is learnt in the
+    context the policy will use it in. Returns the calls per tool."""
+    from orchestrax.agent.episode import prompt_messages
     from orchestrax.train import setup
     env = setup.make_env(cfg)
     names = sorted(tools)
@@ -182,7 +200,8 @@ def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
     observations = asyncio.run(_observe(tools, calls))
     lines, counts = [], {}
     for task, (name, args), seen in zip(tasks, calls, observations):
-        messages = [dict(m) for m in task.messages]
+        instance, offered = _instance_offering(cfg, env, task, name)
+        messages = prompt_messages(instance)
         if messages[-1]["role"] != "user":  # tau2: the simulated user opens
             messages.append({"role": "user", "content": "Hi, I need help with an order."})
         answer = task.answer[0] if task.answer else "Done."
@@ -191,7 +210,8 @@ def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
                       "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
                      {"role": "tool", "content": seen},
                      {"role": "assistant", "content": f"<answer>{answer}</answer>"}]
-        lines.append(json.dumps({"messages": messages}))
+        lines.append(json.dumps({"messages": messages,
+                                 "tools": [t.spec.to_openai() for t in offered]}))
         counts[name] = counts.get(name, 0) + 1
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
