@@ -243,6 +243,51 @@ def test_a_random_tiny_qwen3_plays_the_protocol_token_in_token_out(qa_set):
     traj.check()
 
 
+def test_rounds_without_a_usable_call_are_skipped_as_the_official_eval_skips_them(qa_set):
+    """The released evaluation `continue`s past a round with no valid call and plays on to its
+    round limit. Script: prose, an unknown tool, a bad slot, then an answer call: by default the
+    episode answers in round 4 (3 format errors, 1 call, the expert asked once); with
+    max_format_errors=3 it ends after round 3 with no answer; with only bad rounds it runs to
+    max_rounds."""
+    from orchestrax.agent.orchestrator8b_protocol import play_rounds, token_rounds
+    from orchestrax.train.agent_config import AgentConfig
+    tasks, search = qa_set
+    tok = tiny_qwen3_tokenizer()
+    codec = Codec(tok)
+    env, task = _env(tasks)
+    bad = ["I think it is Paris.", _call("web", "x"), _call("answer", "answer-9")]
+
+    async def go(script, **kw):
+        async with ScriptedChatServer(_expert_reply) as srv:
+            pool = ExpertPool({"default": load_experts_row(srv.base_url)}, codec)
+            rounds = token_rounds(ScriptedSampler(codec, script), codec, EpisodeConfig(),
+                                  task.task_id)
+            traj = await play_rounds(rounds, task, pool, codec, **kw)
+            return traj, await env.verify(task, traj), len(srv.requests)
+
+    traj, outcome, asked = asyncio.run(go(bad + [_call("answer", "answer-1")], max_rounds=6))
+    assert (traj.end_reason, traj.final_answer, outcome, asked) == ("answer", "Paris", 1.0, 1)
+    assert [t.format_error is not None for t in traj.turns] == [True, True, True, False]
+    assert [c.name for c in traj.tool_calls] == ["answer"]
+    assert "unknown tool 'web'" in traj.turns[1].format_error
+    assert "answer: model='answer-9'" in traj.turns[2].format_error
+    # each skipped round starts again from the same (empty) context
+    assert len({m["content"] for m in traj.messages if m["role"] == "user"}) == 1
+    traj, outcome, asked = asyncio.run(go(bad + [_call("answer", "answer-1")], max_rounds=6,
+                                          max_format_errors=3))
+    assert (traj.end_reason, traj.final_answer, outcome, asked) == ("format_errors", None, 0.0, 0)
+    assert len(traj.turns) == 3
+    traj, outcome, asked = asyncio.run(go(bad * 2, max_rounds=5))
+    assert (traj.end_reason, len(traj.turns), outcome, asked) == ("max_turns", 5, 0.0, 0)
+    # the eval runner and the trainer default to the released behaviour; bad values are named
+    assert Orchestrator8BOptions(experts=None).max_format_errors is None
+    assert AgentConfig().protocol_format_errors is None
+    with pytest.raises(ValueError, match="protocol_format_errors=0; must be"):
+        AgentConfig(protocol_format_errors=0)
+    with pytest.raises(ValueError, match="max_format_errors=0; must be"):
+        Orchestrator8BOptions(experts=None, max_format_errors=0)
+
+
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
     """A random tiny Qwen3 saved as a Hugging Face checkpoint (the released one's layout)."""

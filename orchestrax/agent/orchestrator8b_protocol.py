@@ -9,7 +9,9 @@ apply), each with one string argument `model` that names an expert slot (`SLOTS`
 (the expert writes a query, a retriever returns documents), `enhance_reasoning` (the expert
 writes Python, which runs; code and output join the context) and `answer` (the expert answers;
 the episode ends). The turn's first `<tool_call>` naming a known tool and a slot it offers is
-run; a round without one is a format error and the next round starts from the same context.
+run; a round without one is a format error and the next round starts from the same context (the
+released evaluation plays on to its round limit; `max_format_errors` can end the episode after
+that many such rounds in a row instead).
 
 Token-in/token-out still holds per round: each round's prompt is rendered and tokenised once and
 the sampler's ids are kept as returned. A `RoundsTrajectory` keeps every round as a training
@@ -271,11 +273,15 @@ def problem_of(task: Task) -> str:
 
 
 async def play_rounds(generate: RoundGenerator, task: Task, experts: Experts, tokens: Tokens, *,
-                      max_rounds: int, max_format_errors: int,
+                      max_rounds: int, max_format_errors: int | None = None,
                       budget: ContextBudget = ContextBudget(),
                       tools: Sequence[Mapping[str, Any]] | None = None) -> RoundsTrajectory:
-    """One episode in the protocol: rounds until an `answer` call, `max_rounds`, or
-    `max_format_errors` rounds in a row without a usable call."""
+    """One episode in the protocol: rounds until an `answer` call or `max_rounds`; a round
+    without a usable call is skipped, as the released evaluation skips it, unless it is the
+    `max_format_errors`-th such round in a row (then the episode ends, `format_errors`)."""
+    if max_format_errors is not None and max_format_errors < 1:
+        raise ValueError(f"max_format_errors={max_format_errors}; must be >= 1 or None (play "
+                         "on to the round limit)")
     problem = problem_of(task)
     schemas = [dict(t) for t in (tools if tools is not None else default_tools())]
     offered = tuple(t["function"]["name"] for t in schemas)
@@ -305,7 +311,7 @@ async def play_rounds(generate: RoundGenerator, task: Task, experts: Experts, to
         if isinstance(choice, str):
             record.format_error = f"Error: {choice}"
             streak += 1
-            if streak >= max_format_errors:
+            if max_format_errors is not None and streak >= max_format_errors:
                 traj.end_reason = "format_errors"
                 return traj
             continue

@@ -18,6 +18,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.orchestrator8b_protocol import (TOOL_NAMES, ContextBudget, Experts,
                                                       RoundOutput, Tokens, play_rounds,
                                                       token_rounds)
+from orchestrax.checks import at_least_or_none
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.environment import Environment, play_task
 from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory
@@ -34,6 +35,12 @@ class Orchestrator8BOptions:
     tools: tuple[Mapping[str, Any], ...] | None = None
     budget: ContextBudget = ContextBudget()
     tokens: Tokens | None = None     # an openai: policy's tokenizer (token policies bring theirs)
+    # Rounds in a row without a usable call that end an episode; None: none do, as the released
+    # evaluation plays on to its round limit.
+    max_format_errors: int | None = None
+
+    def __post_init__(self):
+        at_least_or_none(self, 1, "max_format_errors")
 
 
 def _chat_rounds(policy: ChatPolicy, cfg: Any):
@@ -74,7 +81,7 @@ async def run_orchestrator8b(task: Task, env: Environment, policy: Any, tools: S
 
     async def run(start: Task, _tools: Sequence[Tool], _user) -> Trajectory:
         return await play_rounds(generate, start, opts.experts, tokens, max_rounds=ep.max_turns,
-                                 max_format_errors=ep.max_format_errors, budget=opts.budget,
+                                 max_format_errors=opts.max_format_errors, budget=opts.budget,
                                  tools=opts.tools)
 
     traj, outcome = await play_task(env, task, run, tools=tools)

@@ -39,6 +39,9 @@ class AgentConfig(SystemConfig):
     subagent_seconds_per_token: float | None = None
     # mode "orchestrator8b": JSON of expert slot -> endpoint (agent.orchestrator8b_experts)
     experts: str | None = None
+    # mode "orchestrator8b": rounds in a row without a usable call that end a rollout; None: none
+    # do, as the released evaluation plays on to its round limit.
+    protocol_format_errors: int | None = None
 
     def __post_init__(self):
         one_of(self, "mode", self.mode, MODES)
@@ -51,3 +54,4 @@ class AgentConfig(SystemConfig):
         at_least(self, 1, "orchestrator_turns", "orchestrator_new_tokens")
         at_least_or_none(self, 0, "subagent_seconds_per_token")
         at_least_or_none(self, 2, "train_turn_tokens")
+        at_least_or_none(self, 1, "protocol_format_errors")

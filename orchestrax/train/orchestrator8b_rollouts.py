@@ -54,9 +54,9 @@ class Orchestrator8BRollouts(DirectRollouts):
 
             async def run(start: Task, _tools, _user) -> Trajectory:
                 rounds = token_rounds(self.sampler, self.codec, ep, start.task_id)
-                return await play_rounds(rounds, start, self.experts, self.codec,
-                                         max_rounds=ep.max_turns,
-                                         max_format_errors=ep.max_format_errors)
+                return await play_rounds(
+                    rounds, start, self.experts, self.codec, max_rounds=ep.max_turns,
+                    max_format_errors=self.cfg.agent.protocol_format_errors)
 
             return await play_task(self.env, job.task, run, tools=[])
 
