@@ -60,10 +60,13 @@ class SleepTool:
             self.active -= 1
 
 
-def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7, **fields):
+def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7, stop_scale: float = 1.0,
+                   **fields):
     """`run` as `orchestrax train` leaves it: model card (random tiny Qwen3 of `seed`), one
     whole checkpoint at step 1, and train_config.json with `env`, `rollout` and any other
-    TrainConfig `fields`. Returns the model config."""
+    TrainConfig `fields`. `stop_scale` multiplies <|im_end|>'s (tied) embedding row: at 12 the
+    random model stops after a few to a few dozen tokens, so episode lengths depend on every
+    sampled token. Returns the model config."""
     from orchestrax import models
     from orchestrax.agent.scripted import tiny_qwen3_tokenizer
     from orchestrax.train import run_info
@@ -74,8 +77,10 @@ def write_tiny_run(run, *, name: str, env, rollout, seed: int = 7, **fields):
     cfg = models.tiny_config(vocab_size=len(tok))
     write_model_card(run / "model", cfg, tok)
     ckpt = Checkpointer(run / "checkpoints", every=1)
-    ckpt.maybe_save(1, {"params": models.init_params(cfg, seed)}, {"phase": "rl", "step": 1},
-                    force=True)
+    params = models.init_params(cfg, seed)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    params["embed"] = params["embed"].at[end].multiply(stop_scale)
+    ckpt.maybe_save(1, {"params": params}, {"phase": "rl", "step": 1}, force=True)
     ckpt.close()
     run_info.write(run, TrainConfig(name=name, out_dir=str(run), model=cfg, env=env,
                                     rollout=rollout, **fields))

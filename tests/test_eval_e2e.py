@@ -188,8 +188,9 @@ def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
                 "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert (f"eval settings: enable_thinking=False max_new_tokens=12 max_turns=1 "
-            f"context_tokens=1024 temperature=0.0 (from {run / 'train_config.json'}, flags "
-            "override)") in out
+            f"context_tokens=1024 temperature=0.0 samples=1 seed=0 seconds_per_token=0.03 "
+            f"(from {run / 'train_config.json'}, flags override)") in out
+    assert "eval seeds: the run's eval at checkpoint step 1 (seed 0, 1 sample(s)" in out
     payload = json.loads((tmp_path / "a" / "eval.json").read_text())
     assert payload["main_turn_limit"] == 1 and [r["turn_limit"] for r in payload["rows"]] == [1]
     recs = payload["records"]["routing"]
@@ -276,20 +277,71 @@ def config():
     assert len(expert.requests) == 4
 
 
-def test_a_sampled_eval_row_is_named_as_an_estimate(tmp_path):
-    """A run that evaluated 4 samples per task at T=0.7 (the demo's settings): eval says its
-    single-sample accuracy estimates that row rather than repeating it."""
+def test_eval_takes_the_runs_eval_sampling_and_says_so(tmp_path):
+    """A run that evaluated 3 samples per task at T=0.7 with seed 5 over 2 of its eval tasks (the
+    demo's kind of settings): eval follows all of it; a flag overrides with a warning."""
     from agent_fixtures import write_tiny_run
     from orchestrax.eval.eval_command import EvalCommand, resolve_settings
     from orchestrax.train.train_config import RolloutConfig
 
     run = tmp_path / "run"
-    write_tiny_run(run, name="t", env=RoutingConfig(num_eval=2), rollout=RolloutConfig(),
-                   eval_samples=4, eval_temperature=0.7)
+    write_tiny_run(run, name="t", env=RoutingConfig(num_eval=4),
+                   rollout=RolloutConfig(engine="continuous", seconds_per_token=0.05),
+                   eval_samples=3, eval_temperature=0.7, eval_tasks=2)
+    saved = json.loads((run / "train_config.json").read_text())   # the fixture's seed is the
+    (run / "train_config.json").write_text(json.dumps(saved | {"seed": 5}))  # model's: set the run's
     used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",)))
-    assert used["temperature"] == 0.7
-    assert any(n.startswith("note: the run's eval rows are the mean of 4 samples per task at "
-                            "temperature 0.7") for n in notes)
-    greedy, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",),
-                                                 temperature=0.0))
-    assert not any(n.startswith("note:") for n in notes)
+    assert {k: used[k] for k in ("temperature", "samples", "seed", "eval_tasks", "engine",
+                                 "seconds_per_token")} == {
+        "temperature": 0.7, "samples": 3, "seed": 5, "eval_tasks": 2, "engine": "continuous",
+        "seconds_per_token": 0.05}
+    assert notes[0].startswith("eval settings: enable_thinking=True max_new_tokens=2048 "
+                               "max_turns=50 context_tokens=24000 temperature=0.7 samples=3 "
+                               "seed=5 seconds_per_token=0.05 engine=continuous eval_tasks=2 ")
+    assert len(notes) == 1
+    used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",), samples=1,
+                                               seed=0))
+    assert used["samples"] == 1 and used["seed"] == 0
+    assert "warning: --samples 1 differs from training (3)" in notes
+    assert "warning: --seed 0 differs from training (5)" in notes
+
+
+@pytest.mark.slow
+def test_eval_of_a_runs_checkpoint_scores_its_last_eval_row(tmp_path, capsys):
+    """A real training run (one GRPO step from a random tiny Qwen3 that stops early at random;
+    eval rows at steps 0 and 1 of 3 of its 4 routing eval tasks x 2 samples at T=0.7), then
+    `orchestrax eval` on its out_dir with no flags: accuracy, cost, latency and the env's stats
+    equal the last eval row. Episode lengths differ with every sampled token, so the latency
+    (0.03 s a generated token) holds only if every episode drew the run's own seeds."""
+    from agent_fixtures import write_tiny_run
+    from orchestrax.rl import GRPOConfig
+    from orchestrax.train.train_config import RolloutConfig, TrainConfig
+    from orchestrax.train.loop import train
+
+    rollout = RolloutConfig(group_size=2, tasks_per_step=4, max_new_tokens=32, max_turns=2,
+                            context_tokens=1024, enable_thinking=False, temperature=0.7)
+    model = write_tiny_run(tmp_path / "init", name="init", seed=0, stop_scale=12.0,
+                           env=RoutingConfig(num_train=4, num_eval=4),
+                           rollout=RolloutConfig())
+    run = tmp_path / "run"
+    cfg = TrainConfig(name="t", out_dir=str(run), model=model, init_from=str(tmp_path / "init"),
+                      grpo=GRPOConfig(num_minibatches=1, temperature=0.7), rollout=rollout,
+                      env=RoutingConfig(num_train=8, num_eval=4), steps=1, eval_every=1,
+                      eval_samples=2, eval_temperature=0.7, eval_tasks=3, seed=3)
+    rows = [r for r in train(cfg) if r["phase"] == "eval"]
+    assert [r["step"] for r in rows] == [0, 1]
+    last = rows[-1]
+    assert cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
+                "--out", str(tmp_path / "eval")]) == 0
+    out = capsys.readouterr().out
+    assert "eval seeds: the run's eval at checkpoint step 1 (seed 3, 2 sample(s) per task)" in out
+    payload = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    (row,) = payload["rows"]
+    lengths = [r["completion_tokens"] for r in payload["records"]["routing"]]
+    assert row["tasks"] == 3 * 2 and len(set(lengths)) > 2   # the lengths do vary
+    assert row["accuracy"] == pytest.approx(last["rollout/accuracy"], abs=1e-7)
+    assert row["cents_per_task"] / 100 == pytest.approx(last["rollout/cost_mean"], rel=1e-9)
+    assert row["minutes_per_task"] * 60 == pytest.approx(last["rollout/latency_mean"], rel=1e-9)
+    assert row["env"] == {k[4:]: v for k, v in last.items() if k.startswith("env/")}
+    # The step-0 row drew other seeds: its latency is not what this checkpoint scores.
+    assert rows[0]["rollout/latency_mean"] != pytest.approx(last["rollout/latency_mean"])

@@ -128,6 +128,20 @@ def test_env_and_paths_checked_before_any_compute(tmp_path):
         check_env_fits(tiny(tmp_path, eval_every=10), 16, 0)
 
 
+def test_an_eval_over_no_tasks_is_refused_at_start(tmp_path):
+    """A warm start (steps=0) still runs its final eval, and each process of a multi-process run
+    evaluates its share: an empty one would log NaN accuracy, so the config is refused."""
+    warm = tiny(tmp_path, eval_every=5).replace(steps=0)
+    with pytest.raises(ValueError, match=r"^TrainConfig.eval_every=5 but the RoutingConfig env "
+                                         r"has no eval tasks; set eval_every=0 or give"):
+        check_env_fits(warm, 16, 0)
+    with pytest.raises(ValueError, match=r"has 1 eval task\(s\) for 2 processes \(each "
+                                         r"evaluates its share\)"):
+        check_env_fits(tiny(tmp_path, eval_every=1), 16, 1, processes=2)
+    check_env_fits(warm, 16, 2, processes=2)                      # one task each
+    check_env_fits(warm.replace(eval_every=0), 16, 0)  # no eval: nothing to refuse
+
+
 def test_tau2_config_and_db_errors_are_clear(tmp_path):
     with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'domain'"):
         Tau2Config()

@@ -67,6 +67,9 @@ def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
     env = settings.pop("env")
     assert settings == {"enable_thinking": False, "max_new_tokens": 24, "max_turns": 2,
                         "context_tokens": 768, "temperature": 0.0, "eval_samples": 1,
+                        "top_p": 1.0, "top_k": -1, "seconds_per_token": 0.03,
+                        "engine": "static", "sampler_max_batch": 64, "seed": 0,
+                        "eval_tasks": None, "eval_sheet": None, "preferences": True,
                         "env_kind": "RoutingConfig", "name": "t"}
     assert routing_from_json(env) == cfg.env  # what eval measures the `routing` task set on
     (tmp_path / "model").mkdir()
@@ -75,3 +78,20 @@ def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
     (tmp_path / run_info.RUN_CONFIG).write_text("{}")
     with pytest.raises(ValueError, match="train_config.json: not a run config"):
         run_info.policy_settings(tmp_path)
+
+
+def test_eval_settings_that_differ_from_training_are_named():
+    base = TrainConfig(name="t", model=models.tiny_config(), eval_every=5,
+                       rollout=RolloutConfig(temperature=1.0, group_size=8))
+    assert console.eval_differences(base) == [
+        "eval rows decode greedy (eval_temperature), training rollouts sample at T=1 "
+        "(rollout.temperature)"]
+    sampled = base.replace(eval_temperature=0.7, eval_samples=4)
+    assert console.eval_differences(sampled) == [
+        "eval rows decode at T=0.7 (eval_temperature), training rollouts sample at T=1 "
+        "(rollout.temperature)",
+        "eval rows average 4 sample(s) a task (eval_samples), training rollouts 8 "
+        "(rollout.group_size)"]
+    same = base.replace(eval_temperature=1.0, eval_samples=8)
+    assert console.eval_differences(same) == []
+    assert console.eval_differences(base.replace(eval_every=0)) == []   # no eval rows

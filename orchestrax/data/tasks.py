@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 import grain
 import numpy as np
 
 from orchestrax.data.shuffle import EpochPermutations
+
+T = TypeVar("T")
 
 
 class EpochSteps(grain.MapDataset):
@@ -160,3 +162,11 @@ def mixture_stream(sizes: Sequence[int], weights: Sequence[float], tasks_per_ste
                              f"{process_index} of {process_count}")
         shards.append(shard)
     return MixtureSteps(shards, list(map(float, weights)), tasks_per_step // process_count, seed)
+
+
+def spread(items: Sequence[T], n: int | None) -> list[T]:
+    """At most `n` of `items`, evenly spaced (first and last kept), so a mixture's sources (laid
+    end to end) all stay in; all of them when n is None or not below their count."""
+    if n is None or n >= len(items):
+        return list(items)
+    return [items[i] for i in np.linspace(0, len(items) - 1, n).round().astype(int)]

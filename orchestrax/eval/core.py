@@ -17,6 +17,7 @@ from orchestrax.envs.environment import Environment
 from orchestrax.eval.policy import Policy
 from orchestrax.eval.episode_records import EpisodeRecord, record_from_trajectory, truncate
 from orchestrax.eval.runners import RUNNERS, EvalConfig
+from orchestrax.train import run_info
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -26,23 +27,39 @@ class TaskSet:
     tasks: list[Task]
 
 
+def episode_configs(cfg: EvalConfig, num_tasks: int) -> list[EvalConfig]:
+    """The config of each of the num_tasks x cfg.samples episodes (task-major): `cfg`, with its
+    episode's sampling seed from `cfg.seed_schedule` when it has one."""
+    n = num_tasks * cfg.samples
+    if cfg.seed_schedule is None:
+        return [cfg] * n
+    seeds = run_info.episode_seeds(*cfg.seed_schedule, run_info.EVAL_SALT, n)
+    sampling = cfg.episode.sampling
+    return [dataclasses.replace(cfg, episode=dataclasses.replace(
+        cfg.episode, sampling=dataclasses.replace(sampling, sampling_seed=int(s))))
+        for s in seeds]
+
+
 async def evaluate(task_set: TaskSet, policy: Policy, cfg: EvalConfig, *, runner: str = "direct",
                    max_in_flight: int = 64, progress: bool = True) -> list[EpisodeRecord]:
-    """One record per task, in task order."""
+    """`cfg.samples` records per task, in task order (a task's samples side by side)."""
     if runner not in RUNNERS:
         raise ValueError(f"runner={runner!r}; registered: {sorted(RUNNERS)}")
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight={max_in_flight}; must be >= 1")
     play = RUNNERS[runner]
-    bar = tqdm(total=len(task_set.tasks), desc=f"{task_set.name} [{policy.name}]",
+    jobs = list(zip((t for t in task_set.tasks for _ in range(cfg.samples)),
+                    episode_configs(cfg, len(task_set.tasks))))
+    bar = tqdm(total=len(jobs), desc=f"{task_set.name} [{policy.name}]",
                disable=not progress, leave=False)
     done, solved, dollars = 0, 0.0, 0.0
 
-    async def one(task: Task) -> EpisodeRecord:
+    async def one(job: tuple[Task, EvalConfig]) -> EpisodeRecord:
         nonlocal done, solved, dollars
+        task, episode_cfg = job
         tools = task_set.env.tools(task)
         try:
-            record = await play(task, task_set.env, policy, tools, cfg)
+            record = await play(task, task_set.env, policy, tools, episode_cfg)
         finally:
             await asyncio.shield(task_set.env.release(tools))
         record.task_set = task_set.name
@@ -52,7 +69,7 @@ async def evaluate(task_set: TaskSet, policy: Policy, cfg: EvalConfig, *, runner
         return record
 
     try:
-        return await fan_out(one, task_set.tasks, max_in_flight=max_in_flight)
+        return await fan_out(one, jobs, max_in_flight=max_in_flight)
     finally:
         bar.close()
 

@@ -81,6 +81,7 @@ class EvalCommand:
     subagent_price: str | None = None
     experts: str | None = None        # --agent orchestrator8b: slot -> endpoint JSON
     protocol_tools: str | None = None  # --agent orchestrator8b: the released tools.json
+    protocol_format_errors: int | None = None  # --agent orchestrator8b; None: the released eval's
     max_turns: int | None = None
     turn_sweep: str | None = None
     temperature: float | None = None
@@ -99,14 +100,15 @@ class EvalCommand:
     user_model: str | None = None
     user_key_env: str | None = None
     baseline: str | None = None
-    seed: int = 0
+    seed: int | None = None
+    samples: int | None = None
     no_preferences: bool = False
     out: str = "runs/eval"
     no_progress: bool = False
 
     def __post_init__(self):
         at_least_or_none(self, 1, "limit", "max_turns", "max_new_tokens", "context_tokens",
-                         "max_in_flight")
+                         "max_in_flight", "samples", "protocol_format_errors")
         for name, allowed in (("param_dtype", PARAM_DTYPES), ("grader", GRADERS)):
             one_of(self, name, getattr(self, name), allowed)
         require(0 <= self.max_error_rate <= 1, self, "max_error_rate", self.max_error_rate,
@@ -122,11 +124,17 @@ def config() -> EvalCommand:
 
 
 # What eval assumes when neither a flag nor the policy's run says otherwise.
+# seconds_per_token None: the policy's latency is its measured generation time.
 DEFAULTS = {"enable_thinking": True, "max_new_tokens": 4096, "max_turns": 50,
-            "context_tokens": 32_768, "temperature": 0.0}
+            "context_tokens": 32_768, "temperature": 0.0, "samples": 1, "seed": 0,
+            "seconds_per_token": None}
 _FLAG = {"enable_thinking": "--thinking-on/--no-thinking", "max_new_tokens": "--max-new-tokens",
          "max_turns": "--max-turns", "context_tokens": "--context-tokens",
-         "temperature": "--temperature"}
+         "temperature": "--temperature", "samples": "--samples", "seed": "--seed",
+         "seconds_per_token": "--seconds-per-token"}
+# Followed from the run with no flag of their own (its eval's sampler and task set).
+_RUN_ONLY = {"top_p": 1.0, "top_k": -1, "engine": "static", "sampler_max_batch": 64,
+             "eval_tasks": None, "eval_sheet": None}
 
 
 def routing_from_json(fields: dict[str, Any]) -> RoutingConfig:
@@ -136,32 +144,47 @@ def routing_from_json(fields: dict[str, Any]) -> RoutingConfig:
 
 
 def resolve_settings(args: EvalCommand) -> tuple[dict[str, Any], list[str]]:
-    """The episode settings eval uses: a flag, else the policy's training run (a run dir or an
-    HF export of one carries train_config.json), else DEFAULTS; plus the lines that say so."""
+    """The settings eval uses: a flag, else the policy's training run (a run dir or an HF export
+    of one carries train_config.json: its episode budgets and its eval rows' samples per task,
+    temperature, seed, sampler and task subset), else DEFAULTS; plus the lines that say so."""
     from orchestrax.train import run_info
     found = None
     if ":" not in args.policy and pathlib.Path(args.policy).is_dir():
         found = run_info.policy_settings(args.policy)
     trained, source = found if found else ({}, None)
+    if trained:
+        trained = trained | {"samples": trained["eval_samples"]}
     used, notes = {}, []
     for key, default in DEFAULTS.items():
         flag = getattr(args, key)
         used[key] = flag if flag is not None else trained.get(key, default)
         if flag is not None and key in trained and flag != trained[key]:
             notes.append(f"warning: {_FLAG[key]} {flag} differs from training ({trained[key]})")
-    samples = trained.get("eval_samples", 1)
-    if samples > 1 and used["temperature"] > 0:
-        notes.append(f"note: the run's eval rows are the mean of {samples} samples per task at "
-                     f"temperature {used['temperature']:g}; this plays one sample per task, so "
-                     "its accuracy estimates that row's (within sampling noise) rather than "
-                     "repeating it")
+    used |= {k: trained.get(k, v) for k, v in _RUN_ONLY.items()}
     origin = (f"from {source}, flags override" if source else
               "eval defaults (the policy carries no train_config.json), flags override")
-    notes.insert(0, "eval settings: " + " ".join(f"{k}={v}" for k, v in used.items())
+    shown = [*DEFAULTS, *(k for k in _RUN_ONLY if used[k] != _RUN_ONLY[k])]
+    notes.insert(0, "eval settings: " + " ".join(f"{k}={used[k]}" for k in shown)
                  + f" ({origin})")
     used["routing"] = (routing_from_json(trained["env"])
                        if trained.get("env_kind") == "RoutingConfig" else None)
+    if used["routing"] is None:
+        used["eval_tasks"] = None  # the run's subset is of its own env's eval split
+    used["preferences"] = trained.get("preferences", True)
     return used, notes
+
+
+def seed_schedule(settings: dict[str, Any], policy) -> tuple[tuple[int, int] | None, str]:
+    """The run's eval seeds for a run dir's checkpoint (its step is what the seeds depend on),
+    else None (the sampler's stream, seeded by `seed`); plus the line that says which."""
+    from orchestrax.eval.policy import TokenPolicy
+    step = policy.step if isinstance(policy, TokenPolicy) else None
+    if step is None:
+        return None, (f"eval seeds: drawn from the sampler's stream (seed {settings['seed']}); "
+                      "only a run dir's checkpoint step gives its eval's seeds")
+    return (settings["seed"], step), (
+        f"eval seeds: the run's eval at checkpoint step {step} (seed {settings['seed']}, "
+        f"{settings['samples']} sample(s) per task), so the same checkpoint scores its eval row")
 
 
 PROTOCOL = "orchestrator8b"
@@ -199,7 +222,8 @@ def protocol_options(args: EvalCommand, policy, catalog):
     pool = ExpertPool(load_experts(args.experts), tokens, sandbox=sandbox,
                       retriever=tool_retriever(search) if search is not None else None)
     tools = tuple(load_tools(args.protocol_tools)) if args.protocol_tools else None
-    return Orchestrator8BOptions(experts=pool, tools=tools, tokens=tokens)
+    return Orchestrator8BOptions(experts=pool, tools=tools, tokens=tokens,
+                                 max_format_errors=args.protocol_format_errors)
 
 
 def error_rates(rows: list[dict[str, Any]], main_limit: int | None) -> dict[str, float]:
@@ -224,9 +248,12 @@ def run(args: EvalCommand) -> int:
         print(line, flush=True)
     catalog, routing = _catalog(args.train_config, args.sheet)
     routing = routing or settings["routing"] or RoutingConfig()
+    from orchestrax.data.instances import InstanceConfig
     options = TaskSetOptions(
         split=args.split, limit=args.limit, grader=args.grader, tools=catalog, routing=routing,
-        preferences=not args.no_preferences, seed=args.seed,
+        preferences=settings["preferences"] and not args.no_preferences, seed=settings["seed"],
+        instances=InstanceConfig(eval_sheet=settings["eval_sheet"]),
+        routing_tasks=settings["eval_tasks"],
         judge=_endpoint(args.judge_url, args.judge_model, args.judge_key_env, "judge"),
         tau2_user=_endpoint(args.user_url, args.user_model, args.user_key_env, "user"))
     pricing = None
@@ -238,8 +265,11 @@ def run(args: EvalCommand) -> int:
                               context_tokens=settings["context_tokens"],
                               max_new_tokens=settings["max_new_tokens"],
                               enable_thinking=settings["enable_thinking"],
-                              sampling=SamplingParams(temperature=settings["temperature"])),
-        policy_pricing=pricing, seconds_per_token=args.seconds_per_token)
+                              sampling=SamplingParams(temperature=settings["temperature"],
+                                                      top_p=settings["top_p"],
+                                                      top_k=settings["top_k"])),
+        policy_pricing=pricing, seconds_per_token=settings["seconds_per_token"],
+        samples=settings["samples"])
     if args.turn_sweep is None:  # cuts of the main run only: the sweep never runs it longer
         sweep = tuple(n for n in DEFAULT_SWEEP if n < settings["max_turns"])
     else:
@@ -256,7 +286,12 @@ def run(args: EvalCommand) -> int:
                    progress=not args.no_progress)
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=settings["context_tokens"],
-                         param_dtype=args.param_dtype, seed=args.seed)
+                         param_dtype=args.param_dtype, seed=settings["seed"],
+                         engine=settings["engine"], max_batch=settings["sampler_max_batch"])
+    schedule, line = seed_schedule(settings, policy)
+    print(line, flush=True)
+    cfg = dataclasses.replace(cfg, seed_schedule=schedule)
+    spec = dataclasses.replace(spec, cfg=cfg)
     if runner == PROTOCOL:
         spec = dataclasses.replace(spec, cfg=dataclasses.replace(
             cfg, agent_options=protocol_options(args, policy, catalog)))
@@ -266,7 +301,7 @@ def run(args: EvalCommand) -> int:
         sub_pricing = load_sheet(args.sheet or "train_list").model_pricing(args.subagent_price)
     sub_policy = (load_policy(args.subagent_policy, tokenizer=args.tokenizer,
                               max_len=settings["context_tokens"], param_dtype=args.param_dtype,
-                              seed=args.seed)
+                              seed=settings["seed"])
                   if args.subagent_policy else None)
 
     async def go():
@@ -338,6 +373,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(search-1, reasoner-2, answer-math-1, ..., or default) -> {base_url, model}")
     p.add_argument("--protocol-tools", help="--agent orchestrator8b: the released tools.json to "
                    "render instead of the built-in tool descriptions")
+    p.add_argument("--protocol-format-errors", type=at_least(1), metavar="N",
+                   help="--agent orchestrator8b: end an episode after N rounds in a row without "
+                        "a usable call (default: never; the released evaluation plays on to "
+                        "its round limit)")
     p.add_argument("--subagent-price", metavar="MODEL",
                    help="bill the sub-agents' tokens at this model's row of the sheet")
     p.add_argument("--max-turns", type=at_least(1),
@@ -362,7 +401,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when more than this fraction of a task set's episodes failed "
                         "(a failed request is an error, not a wrong answer)")
     p.add_argument("--seconds-per-token", type=float,
-                   help="charge this per generated token instead of measured generation time")
+                   help="charge this per generated token instead of measured generation time "
+                        "(default: the run's rollout.seconds_per_token, the clock of its eval "
+                        "rows' latency, else measured)")
     p.add_argument("--max-in-flight", type=at_least(1))
     p.add_argument("--grader", choices=("exact", "math", "judge"))
     p.add_argument("--judge-url")
@@ -373,7 +414,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user-key-env")
     p.add_argument("--baseline", help="an earlier eval.json: preference adherence against it")
     p.add_argument("--seed", type=int,
-                   help="sampler seed and the seed of each task's preference draw")
+                   help="sampler seed and the seed of each task's preference draw (default: the "
+                        "run's seed, whose eval seeds a run dir's checkpoint is sampled with, "
+                        "else 0)")
+    p.add_argument("--samples", type=at_least(1),
+                   help="episodes per task (default: the run's eval_samples, else 1)")
     p.add_argument("--no-preferences", action="store_true",
                    help="no preference instruction for tasks that have none")
     p.add_argument("--out")

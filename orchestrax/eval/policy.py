@@ -63,8 +63,10 @@ class _TimedSampler:
 
 
 class TokenPolicy:
-    def __init__(self, sampler: Sampler, tokenizer: Any, *, name: str):
-        self.sampler, self.codec, self.name = sampler, Codec(tokenizer), name
+    """`step`: the training step of the checkpoint the sampler holds (a run dir), else None."""
+
+    def __init__(self, sampler: Sampler, tokenizer: Any, *, name: str, step: int | None = None):
+        self.sampler, self.codec, self.name, self.step = sampler, Codec(tokenizer), name, step
         self._executor: ToolExecutor | None = None
 
     async def episode(self, task, tools, *, config, user=None) -> PolicyEpisode:
@@ -139,15 +141,16 @@ def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
 
 
 def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
-              max_batch: int, seed: int):
-    """(sampler, default tokenizer dir) for an HF directory or a training run directory (its
-    newest whole checkpoint's params only, through the trainer's one reader)."""
+              max_batch: int, seed: int, engine: str):
+    """(sampler, default tokenizer dir, checkpoint step or None) for an HF directory or a
+    training run directory (its newest whole checkpoint's params only, through the trainer's
+    one reader)."""
     from orchestrax.train.checkpoint import load_model
     model = load_model(path, dtype=dtype, param_dtype=param_dtype, field="--policy")
     sampler = registry.build_sampler(SamplerConfig(
-        backend="embedded", engine="static", max_batch=max_batch, max_len=max_len,
+        backend="embedded", engine=engine, max_batch=max_batch, max_len=max_len,
         weight_version=model.version, seed=seed), model.cfg, model.params)
-    return sampler, model.tokenizer_dir
+    return sampler, model.tokenizer_dir, int(model.version) if model.version.isdigit() else None
 
 
 PARAM_DTYPES = ("float32", "bfloat16")   # what serve's --param-dtype offers
@@ -156,7 +159,7 @@ PARAM_DTYPES = ("float32", "bfloat16")   # what serve's --param-dtype offers
 def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = None,
                 api_key_env: str | None = None, dtype: str = "float32",
                 param_dtype: str = "float32", max_len: int = 32_768, max_batch: int = 64,
-                seed: int = 0) -> Policy:
+                seed: int = 0, engine: str = "static") -> Policy:
     """`spec`: `openai:URL` (needs `model`), `sglang:URL` (needs `tokenizer`), or a directory
     (an HF checkpoint or a training run's out_dir) for the embedded sampler, which computes in
     `dtype` and holds its params in `param_dtype` (a run's fp32 master weights are cast as they
@@ -178,7 +181,8 @@ def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = 
     if not path.is_dir():
         raise FileNotFoundError(f"--policy {spec}: not a directory, and not sglang:URL or "
                                 "openai:URL")
-    sampler, tok_dir = _embedded(path, dtype=dtype, param_dtype=param_dtype, max_len=max_len,
-                                 max_batch=max_batch, seed=seed)
-    return TokenPolicy(sampler, _tokenizer(tokenizer, tok_dir), name=path.name)
+    sampler, tok_dir, step = _embedded(path, dtype=dtype, param_dtype=param_dtype,
+                                       max_len=max_len, max_batch=max_batch, seed=seed,
+                                       engine=engine)
+    return TokenPolicy(sampler, _tokenizer(tokenizer, tok_dir), name=path.name, step=step)
 

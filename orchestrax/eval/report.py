@@ -31,6 +31,12 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         for r in rows:
             lines.append(f"{r['task_set']:<{w}}{r['turn_limit']:>7}" + "".join(
                 f"{r['calls_per_task'].get(t, 0.0):>16.2f}" for t in tools))
+    stats = [r for r in rows if r.get("env")]
+    if stats:
+        lines += ["", "environment statistics (the trainer's eval rows log them as env/<name>)"]
+        for r in stats:
+            lines.append(f"{r['task_set']:<{w}}{r['turn_limit']:>7}  " + " ".join(
+                f"{k}={v:.4g}" for k, v in sorted(r["env"].items())))
     return "\n".join(lines)
 
 

@@ -32,8 +32,15 @@ class EvalConfig:
     seconds_per_token: float | None = None
     # A runner's own settings (the "subagent" runner: eval.subagent_runner.SubagentOptions).
     agent_options: Any = None
+    samples: int = 1                  # episodes per task (a training run's eval_samples)
+    # (run seed, checkpoint step): episode k of a task set (task-major) samples with the seed
+    # the run's eval at that step gave its episode k (`run_info.episode_seeds`); None: the
+    # sampler draws each request's seed from its own stream.
+    seed_schedule: tuple[int, int] | None = None
 
     def __post_init__(self):
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise ValueError(f"EvalConfig.samples={self.samples!r}; must be an int >= 1")
         if self.seconds_per_token is not None and not self.seconds_per_token >= 0:
             raise ValueError(f"EvalConfig.seconds_per_token={self.seconds_per_token}; must be "
                              ">= 0 or None (measure)")

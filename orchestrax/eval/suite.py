@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import json
 import pathlib
-from typing import Any
+from typing import Any, Sequence
 
 from orchestrax.eval import report
 from orchestrax.eval.core import TaskSet, at_turn_limit, evaluate
@@ -86,7 +86,8 @@ async def run_eval(policy: Policy, run: EvalRun) -> dict[str, Any]:
         records[ts.name] = [r.to_json() for r in by_limit[main]]
         for limit, recs in sorted(by_limit.items()):
             row = {"policy": policy.name, "task_set": ts.name, "turn_limit": limit,
-                   **summarize(recs)}
+                   "samples": run.cfg.samples, **summarize(recs),
+                   "env": env_stats(ts, recs, run.cfg.samples)}
             adh = (preference_adherence(recs, baseline[ts.name]) if ts.name in baseline
                    else {"adherence": None, "tasks": 0, "missing": 0})
             row |= {"adherence": adh["adherence"], "adherence_tasks": adh["tasks"]}
@@ -94,6 +95,17 @@ async def run_eval(policy: Policy, run: EvalRun) -> dict[str, Any]:
     return {"policy": policy.name,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "main_turn_limit": main, "rows": rows, "records": records}
+
+
+def env_stats(ts: TaskSet, records: Sequence[EpisodeRecord], samples: int) -> dict[str, float]:
+    """The environment's own statistics of the episodes (`Environment.stats`, which the
+    trainer's eval rows log as `env/<name>`: the routing env's preferred-tool shares), over
+    groups of each task's `samples` records."""
+    groups = [[r.trajectory for r in records[i * samples:(i + 1) * samples]]
+              for i in range(len(ts.tasks))]
+    if any(t is None for g in groups for t in g):
+        return {}
+    return ts.env.stats(ts.tasks, groups)
 
 
 def write_outputs(payload: dict[str, Any], out_dir: str | pathlib.Path) -> list[pathlib.Path]:

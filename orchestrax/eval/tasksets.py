@@ -15,6 +15,7 @@ from typing import Mapping
 
 from orchestrax import registry
 from orchestrax.data.instances import InstanceConfig, prepare_instance
+from orchestrax.data.tasks import spread
 from orchestrax.envs.environment import EnvConfig
 from orchestrax.envs.qa import QAConfig
 from orchestrax.envs.routing import RoutingConfig
@@ -49,6 +50,11 @@ class TaskSetOptions:
     # (seed, task id) so every policy measured with the same seed gets the same P per task.
     preferences: bool = True
     seed: int = 0
+    # The rest of the instance (an eval pricing sheet), as a training run's eval prepares it.
+    instances: InstanceConfig = InstanceConfig()
+    # The `routing` set only: at most this many of its tasks, evenly spaced (a training run's
+    # eval_tasks, so the set is the one its eval rows measured).
+    routing_tasks: int | None = None
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
@@ -90,13 +96,15 @@ def load_task_set(name: str | EnvConfig, opts: TaskSetOptions = TaskSetOptions()
         config, split, label = env_config(name, opts)
     env = registry.build_env(config, tools=opts.tools if config.takes_catalog else None)
     tasks = env.tasks(opts.split or split)
+    if name == "routing":
+        tasks = spread(tasks, opts.routing_tasks)
     if opts.limit is not None:
         tasks = tasks[:opts.limit]
     if not tasks:
         raise ValueError(f"task set {name!r} split {opts.split or split!r} has no tasks")
-    if opts.preferences:
-        tasks = [prepare_instance(t, env, split="eval", seed=instance_seed(opts.seed, t.task_id),
-                                  config=InstanceConfig()) for t in tasks]
+    instances = dataclasses.replace(opts.instances, preferences=opts.preferences)
+    tasks = [prepare_instance(t, env, split="eval", seed=instance_seed(opts.seed, t.task_id),
+                              config=instances) for t in tasks]
     return TaskSet(name=label, env=env, tasks=list(tasks))
 
 

@@ -1,5 +1,6 @@
 """What a run prints per logged row: one short line (step N/total, a few numbers, rate, ETA) that
-reads the same on a terminal and in a log file, and warnings for steps that trained on nothing.
+reads the same on a terminal and in a log file, warnings for steps that trained on nothing, and
+the run's eval settings that differ from its training rollouts.
 The full row stays in metrics.jsonl and TensorBoard."""
 
 from __future__ import annotations
@@ -66,4 +67,18 @@ def degenerate(row: dict[str, Any]) -> Sequence[str]:
                    "this update trained on nothing")
     elif row.get("train/grad_norm") == 0.0:
         out.append("gradient norm is 0: this update changed nothing")
+    return out
+
+
+def eval_differences(cfg: Any) -> Sequence[str]:
+    """How a TrainConfig's eval rows sample differently from its training rollouts (said once
+    at start, so an eval accuracy is not read as the training one's)."""
+    r, out = cfg.rollout, []
+    if cfg.eval_every and cfg.eval_temperature != r.temperature:
+        how = "greedy" if cfg.eval_temperature == 0 else f"at T={cfg.eval_temperature:g}"
+        out.append(f"eval rows decode {how} (eval_temperature), training rollouts sample at "
+                   f"T={r.temperature:g} (rollout.temperature)")
+    if cfg.eval_every and cfg.eval_samples != r.group_size and cfg.eval_temperature > 0:
+        out.append(f"eval rows average {cfg.eval_samples} sample(s) a task (eval_samples), "
+                   f"training rollouts {r.group_size} (rollout.group_size)")
     return out

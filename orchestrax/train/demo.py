@@ -114,9 +114,9 @@ def run(cmd: DemoCommand) -> int:
 def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConfig) -> str:
     """The demo's table: per policy, the preferred tool's share of calls per P kind and the
     accuracy (trainer eval), then `orchestrax eval`'s shares, accuracy and adherence."""
-    lines = [f"\npreferred tool's share of calls on held-out tasks per P kind (trainer eval: "
-             f"{cfg.eval_samples} samples a task; `orchestrax eval`: 1; both at "
-             f"T={cfg.eval_temperature:g})",
+    lines = [f"\npreferred tool's share of calls on held-out tasks per P kind (trainer eval and "
+             f"`orchestrax eval` of its checkpoint: {cfg.eval_samples} samples a task at "
+             f"T={cfg.eval_temperature:g}, the same seeds)",
              f"{'':24s}{'cost->cheap':>12s}{'latency->fast':>14s}{'accuracy':>9s}"
              f"{' | eval: cost':>13s}{'latency':>8s}{'accuracy':>9s}{'adherence':>10s}"]
     for label, row, ev in rows:

@@ -27,6 +27,7 @@ from orchestrax.agent.episode import Codec, EpisodeConfig
 from orchestrax.agent.executor import ToolExecutor
 from orchestrax.data.instances import prepare_instance
 from orchestrax.data.records import Task, Trajectory
+from orchestrax.data.tasks import spread
 from orchestrax.envs.environment import Environment
 from orchestrax.rollout.sampler import SamplingParams
 from orchestrax.tools.randomize import instance_seed
@@ -64,11 +65,9 @@ class Trainer:
         self.eval_tasks: Sequence[Task] = [
             prepare_instance(t, self.env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
                              config=cfg.instances) for t in self.env.tasks("eval")]
-        train_config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks))
-        if cfg.eval_tasks is not None and cfg.eval_tasks < len(self.eval_tasks):
-            # Evenly spaced, so a mixture's sources (laid end to end) all stay in.
-            pick = np.linspace(0, len(self.eval_tasks) - 1, cfg.eval_tasks).round().astype(int)
-            self.eval_tasks = [self.eval_tasks[i] for i in pick]
+        train_config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks),
+                                    jax.process_count())
+        self.eval_tasks = spread(self.eval_tasks, cfg.eval_tasks)
         # Multi-process: each process evaluates its own share (eval rows average the shares).
         self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
@@ -84,6 +83,8 @@ class Trainer:
             setup.write_model_card(self.local / "model", self.model_cfg, self.tokenizer,
                                    cfg.hf_path)
             run_info.write(self.local, cfg)  # eval and export read the run's settings from it
+            for difference in console.eval_differences(cfg):
+                log.warning("%s", difference)
             log.info("orchestrax train %s: %d %s device(s), %d process(es), %.3gM params, "
                      "out_dir %s", cfg.name, jax.device_count(), jax.devices()[0].platform,
                      jax.process_count(), models.num_params(self.model_cfg) / 1e6, self.out)
@@ -372,9 +373,9 @@ class Trainer:
         # Each episode's sampling seed (its turns use seed + turn) comes from (run seed, step,
         # eval or train, episode), so a resumed run samples exactly what the crashed one would
         # have, whatever order requests reach the sampler in.
-        salt = 0 if temperature is None else 1
-        seeds = np.random.default_rng([self.cfg.seed, 4, self._global_step(), salt]).integers(
-            0, 2**31 - 2**16, len(tasks) * group)
+        seeds = run_info.episode_seeds(self.cfg.seed, self._global_step(),
+                                       0 if temperature is None else run_info.EVAL_SALT,
+                                       len(tasks) * group)
         return await self.rollouts.rollout(tasks, group, cfg, seeds)
 
     async def _publish_weights(self) -> None:

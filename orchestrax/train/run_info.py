@@ -10,6 +10,7 @@ import os
 import pathlib
 from typing import Any
 
+import numpy as np
 from etils import epath
 
 RUN_CONFIG = "train_config.json"
@@ -62,9 +63,13 @@ def find(directory: str | pathlib.Path) -> pathlib.Path | None:
 
 
 def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], pathlib.Path] | None:
-    """({"enable_thinking", "max_new_tokens", "max_turns", "context_tokens", "temperature",
-    "eval_samples", "env_kind", "env", "name"}, file) of the run that trained the policy in `directory` (`env`:
-    its env config's fields as JSON); None when it carries no run config."""
+    """(settings, file) of the run that trained the policy in `directory`, None when it carries
+    no run config. settings: the episode budgets of EPISODE_KEYS, the sampling of the run's eval
+    rows ("temperature", "top_p", "top_k", "eval_samples" per task, "seed" and "eval_tasks"),
+    its sampler ("engine", "sampler_max_batch"), the clock of its latencies
+    ("seconds_per_token"),
+    its instance settings ("eval_sheet", "preferences"), and "env_kind", "env" (its env
+    config's fields as JSON) and "name"."""
     path = find(directory)
     if path is None:
         return None
@@ -72,12 +77,33 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
         cfg = json.loads(path.read_text())
         rollout = cfg["rollout"]
         out = {k: rollout[k] for k in EPISODE_KEYS}
+        out |= {"top_p": float(rollout.get("top_p", 1.0)), "top_k": int(rollout.get("top_k", -1)),
+                "seconds_per_token": rollout.get("seconds_per_token"),
+                "engine": str(rollout.get("engine", "static")),
+                "sampler_max_batch": int(rollout.get("sampler_max_batch", 64))}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None
     out["temperature"] = float(cfg.get("eval_temperature", 0.0))  # the run's own eval rows
     out["eval_samples"] = int(cfg.get("eval_samples", 1))
+    out["seed"] = int(cfg.get("seed", 0))
+    out["eval_tasks"] = cfg.get("eval_tasks")
+    instances = cfg.get("instances") or {}
+    out |= {"eval_sheet": instances.get("eval_sheet"),
+            "preferences": bool(instances.get("preferences", True))}
     out |= {"env_kind": cfg.get("env_kind"), "env": cfg.get("env"), "name": cfg.get("name")}
     return out, path
+
+
+# The salt of the eval's episode seeds (training rollouts use 0).
+EVAL_SALT = 1
+
+
+def episode_seeds(seed: int, global_step: int, salt: int, n: int) -> np.ndarray:
+    """The sampling seeds of n episodes (task-major: a task's samples side by side) of the
+    rollouts at `global_step` of a run seeded `seed`: training (salt 0) or its eval (EVAL_SALT).
+    An episode's turns use seed + turn, so a resumed run, and `orchestrax eval` of the
+    checkpoint, sample what the run sampled whatever order requests reach the sampler in."""
+    return np.random.default_rng([seed, 4, global_step, salt]).integers(0, 2**31 - 2**16, n)
 
 
 LOCK = ".train.lock"

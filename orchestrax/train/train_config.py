@@ -256,15 +256,21 @@ def check_context(cfg: TrainConfig, env: Any, codec: Any, tasks: Any) -> None:
                          f"> {prompt_tokens}")
 
 
-def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int) -> None:
-    """The environment has enough tasks for one step (no task twice in a step)."""
+def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int, processes: int = 1) -> None:
+    """The environment has enough tasks for one step (no task twice in a step), and for an eval
+    on each of `processes` (each evaluates its share; an empty share would log NaN accuracy)."""
     if cfg.steps > 0 and cfg.rollout.tasks_per_step > num_train:
         raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step}; the "
                          f"{type(cfg.env).__name__} env has {num_train} train tasks, and a "
                          f"step takes each task at most once: allowed 1..{num_train}")
-    if cfg.steps > 0 and cfg.eval_every and num_eval == 0:
+    # steps=0 still evaluates once (the warm start's final eval).
+    if cfg.eval_every and num_eval < processes:
+        has = "no eval tasks" if num_eval == 0 else f"{num_eval} eval task(s)"
         raise ValueError(f"TrainConfig.eval_every={cfg.eval_every} but the "
-                         f"{type(cfg.env).__name__} env has no eval tasks; set eval_every=0")
+                         f"{type(cfg.env).__name__} env has {has}"
+                         + (f" for {processes} processes (each evaluates its share)"
+                            if processes > 1 else "")
+                         + "; set eval_every=0 or give the env more eval tasks")
 
 
 def check_batch_split(cfg: TrainConfig, data_parallel: int) -> None:
