@@ -288,6 +288,39 @@ def test_rounds_without_a_usable_call_are_skipped_as_the_official_eval_skips_the
         Orchestrator8BOptions(experts=None, max_format_errors=0)
 
 
+def test_search_is_no_longer_offered_once_documents_are_found(qa_set):
+    """As the released evaluation: after a search brought documents, the next round's tools
+    block has no `search`, and a second search call there is a format error."""
+    from orchestrax.agent.orchestrator8b_protocol import play_rounds, token_rounds
+    tasks, search = qa_set
+    tok = tiny_qwen3_tokenizer()
+    codec = Codec(tok)
+    env, task = _env(tasks)
+    script = [_call("search", "search-1"), _call("search", "search-2"),
+              _call("answer", "answer-1")]
+    seen = []
+
+    async def go():
+        async with ScriptedChatServer(_expert_reply) as srv:
+            pool = ExpertPool({"default": load_experts_row(srv.base_url)}, codec,
+                              retriever=tool_retriever(search))
+            inner = token_rounds(ScriptedSampler(codec, script), codec, EpisodeConfig(),
+                                 task.task_id)
+
+            async def rounds(messages, schemas, n):
+                seen.append([t["function"]["name"] for t in schemas])
+                return await inner(messages, schemas, n)
+
+            return await play_rounds(rounds, task, pool, codec, max_rounds=5)
+
+    traj = asyncio.run(go())
+    assert seen == [["enhance_reasoning", "answer", "search"], ["enhance_reasoning", "answer"],
+                    ["enhance_reasoning", "answer"]]
+    assert "unknown tool 'search'" in traj.turns[1].format_error
+    assert [c.name for c in traj.tool_calls] == ["search", "answer"]
+    assert (traj.end_reason, traj.final_answer) == ("answer", "Paris")
+
+
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
     """A random tiny Qwen3 saved as a Hugging Face checkpoint (the released one's layout)."""

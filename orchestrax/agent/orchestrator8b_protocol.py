@@ -276,19 +276,23 @@ async def play_rounds(generate: RoundGenerator, task: Task, experts: Experts, to
                       max_rounds: int, max_format_errors: int | None = None,
                       budget: ContextBudget = ContextBudget(),
                       tools: Sequence[Mapping[str, Any]] | None = None) -> RoundsTrajectory:
-    """One episode in the protocol: rounds until an `answer` call or `max_rounds`; a round
+    """One episode in the protocol: rounds until an `answer` call or `max_rounds`, `search`
+    offered only while no document has been found; a round
     without a usable call is skipped, as the released evaluation skips it, unless it is the
     `max_format_errors`-th such round in a row (then the episode ends, `format_errors`)."""
     if max_format_errors is not None and max_format_errors < 1:
         raise ValueError(f"max_format_errors={max_format_errors}; must be >= 1 or None (play "
                          "on to the round limit)")
     problem = problem_of(task)
-    schemas = [dict(t) for t in (tools if tools is not None else default_tools())]
-    offered = tuple(t["function"]["name"] for t in schemas)
+    every = [dict(t) for t in (tools if tools is not None else default_tools())]
     context = RoundContext()
     traj = RoundsTrajectory(task_id=task.task_id)
     streak = 0
     for n in range(max_rounds):
+        # Once documents are found, `search` is no longer offered (the released evaluation
+        # renders and accepts the other tools only).
+        schemas = [t for t in every if not (context.docs and t["function"]["name"] == "search")]
+        offered = tuple(t["function"]["name"] for t in schemas)
         messages = round_messages(problem, context.render(problem, tokens, budget))
         out = await generate(messages, schemas, n)
         if isinstance(out, str):
