@@ -165,6 +165,7 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     chip = _chip()
     floor_s = steps_bytes / HBM_BYTES_PER_S[chip] if chip else None
     compiled = eng_mod._decode.lower(cfg, params, engine._state,
+                                     np.ones((concurrency,), bool),
                                      np.ones((concurrency,), bool), n_steps=8, n_top=0,
                                      span=engine.max_len).compile()
     return {"what": f"sampler@{concurrency}", "model": "tiny" if smoke else "qwen3-8b",

@@ -222,7 +222,7 @@ def lower_case(case: Case, devices, smoke: bool):
                 span=max_len), info
         keep = jax.ShapeDtypeStruct((slots,), jnp.bool_, sharding=rep)
         info["rows"] += ", 1 step"
-        return engine_mod._decode.lower(scfg, sp, st, keep, n_steps=1, n_top=0,
+        return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
                                         span=max_len), info
 
 

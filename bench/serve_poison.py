@@ -2,6 +2,7 @@
 
     python bench/serve_poison.py [--minutes 10] [--engine continuous] [--clients 8]
     python bench/serve_poison.py --fair-share   # only the giant-call latency A/B
+    python bench/serve_poison.py --fair-share --giant-tokens 1000 --no-reserve-0   # minutes
 
 `--clients` loops each send good seeded requests (on /generate and on chat, in turn) while one
 loop sends poison: top_k of 2**31, deep JSON, lone surrogates, reserved chat_template_kwargs,
@@ -143,7 +144,8 @@ async def fair_share(reserve_slots: int, giant_requests: int = 1024,
                      giant_tokens: int = 4000, n_small: int = 5,
                      timeout_s: float | None = None) -> dict:
     """A small request's median latency while one client's call of `giant_requests` x
-    `giant_tokens` runs, over the same idle, on a server whose continuous sampler keeps
+    `giant_tokens` runs (its rows half way through), over the same idle, on a server whose
+    continuous sampler keeps
     `reserve_slots` slots from any one client (0: a giant call may take every slot). Past
     `timeout_s` the loaded latency is reported as that (a lower bound, `timed_out`)."""
     tok = tiny_qwen3_tokenizer()
@@ -165,6 +167,13 @@ async def fair_share(reserve_slots: int, giant_requests: int = 1024,
                     raise RuntimeError(f"the giant call ended early: {big.result()}")
                 await asyncio.sleep(0.01)
             held = len(sampler._live)
+            # Measured once the giant's rows are half way: every step that runs them reads
+            # their long cache span.
+            while min((len(j.ids) for j in sampler.engine._slots if j is not None),
+                      default=0) < giant_tokens // 2:
+                if big.done():
+                    raise RuntimeError(f"the giant call ended early: {big.result()}")
+                await asyncio.sleep(0.01)
             try:
                 loaded = await asyncio.wait_for(small_latency(http, url, n_small), timeout_s)
                 timed_out = False
@@ -178,26 +187,35 @@ async def fair_share(reserve_slots: int, giant_requests: int = 1024,
     finally:
         await runner.cleanup()
     return {"idle_s": idle, "loaded_s": loaded, "ratio": loaded / idle, "giant_slots": held,
-            "timed_out": timed_out}
+            "timed_out": timed_out, "held_steps": sampler.stats.get("held_steps", 0),
+            "steps": sampler.stats["steps"], "reruns": sampler.stats["reruns"]}
 
 
-def run_fair_share(record: bool) -> None:
+def run_fair_share(record: bool, giant_requests: int, giant_tokens: int,
+                   reserve_0: bool) -> None:
     import os
     load = os.getloadavg()[0]
-    # With every slot free to the giant, a small request waits for a giant row to finish
-    # (4000 tokens): one such request is measured there, for at most 5 minutes.
-    after = asyncio.run(fair_share(1))
-    before = asyncio.run(fair_share(0, n_small=1, timeout_s=300.0))
-    over = ">" if before["timed_out"] else ""
+    after = asyncio.run(fair_share(1, giant_requests, giant_tokens))
     line = (f"- {datetime.date.today()} serve fair share (continuous engine, tiny model, 16 "
-            f"slots; one call of 1024 requests x 4000 tokens in flight): a small request's "
-            f"latency (6 tokens) loaded / idle = {over}{before['ratio']:.1f}x with a giant "
-            f"call free to take every slot (1 request: {over}{before['loaded_s']:.2f} s / "
-            f"{before['idle_s']:.3f} s), {after['ratio']:.1f}x with one slot kept for clients "
-            f"that hold none (reserve_slots=1, medians of 5: {after['loaded_s']:.2f} s / "
-            f"{after['idle_s']:.3f} s; the giant held {after['giant_slots']} slots); load "
-            f"average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
-            f"(python bench/serve_poison.py --fair-share)")
+            f"slots, max_len {giant_tokens + 96}; one call of {giant_requests} requests x "
+            f"{giant_tokens} tokens in flight): a small request's latency (6 tokens) loaded / "
+            f"idle = {after['ratio']:.1f}x with one slot kept for clients that hold none "
+            f"(reserve_slots=1) and steps shared by span (medians of 5, the same server: "
+            f"{after['loaded_s']:.3f} s / {after['idle_s']:.3f} s; the giant held "
+            f"{after['giant_slots']} slots; {after['held_steps']} of {after['steps']} steps "
+            f"held the giant's rows, {after['reruns']} reruns)")
+    if reserve_0:
+        # With every slot free to the giant, a small request waits for a giant row to finish:
+        # one such request is measured there, for at most 5 minutes.
+        before = asyncio.run(fair_share(0, giant_requests, giant_tokens, n_small=1,
+                                        timeout_s=300.0))
+        over = ">" if before["timed_out"] else ""
+        line += (f", {over}{before['ratio']:.1f}x with a giant call free to take every slot "
+                 f"(1 request: {over}{before['loaded_s']:.2f} s / {before['idle_s']:.3f} s)")
+    line += (f"; load average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+             f"cores (python bench/serve_poison.py --fair-share --giant-requests "
+             f"{giant_requests} --giant-tokens {giant_tokens}"
+             f"{'' if reserve_0 else ' --no-reserve-0'})")
     print(line)
     if record:
         with open(ROOT / "bench" / "RESULTS.md", "a") as f:
@@ -212,9 +230,14 @@ def run() -> None:
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--fair-share", action="store_true",
                    help="only the giant-call latency A/B (reserve_slots 0 vs 1)")
+    p.add_argument("--giant-requests", type=int, default=1024)
+    p.add_argument("--giant-tokens", type=int, default=4000)
+    p.add_argument("--no-reserve-0", action="store_true",
+                   help="skip the reserve_slots=0 run (up to 5 minutes)")
     args = p.parse_args()
     if args.fair_share:
-        return run_fair_share(not args.no_record)
+        return run_fair_share(not args.no_record, args.giant_requests, args.giant_tokens,
+                              not args.no_reserve_0)
     s = asyncio.run(main(args))
     ok = s["lost"] == 0 and s["changed"] == 0 and s["poison_4xx"] == s["poison"]
     import os

@@ -136,10 +136,10 @@ def test_client_disconnect_frees_its_slot_for_the_next_request():
     left = threading.Event()
 
     def gated(step):
-        def wrapped():
+        def wrapped(hold=()):
             if step.__self__.stats["decode_dispatches"]:
                 assert left.wait(120), "the server never noticed the client leave"
-            return step()
+            return step(hold)
         return wrapped
 
     async def fn(http, url, sampler):
@@ -195,10 +195,10 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
     p = models.init_params(cfg, 2)
     spans, chunks, traces = set(), set(), {"decode": 0, "prefill": 0}
 
-    def decode_impl(cfg, params, s, keep_R, *, n_steps, n_top, span):
+    def decode_impl(cfg, params, s, keep_R, run_R, *, n_steps, n_top, span):
         traces["decode"] += 1          # runs once per trace, not per call
-        return engine_mod._decode_impl(cfg, params, s, keep_R, n_steps=n_steps, n_top=n_top,
-                                       span=span)
+        return engine_mod._decode_impl(cfg, params, s, keep_R, run_R, n_steps=n_steps,
+                                       n_top=n_top, span=span)
 
     def prefill_impl(cfg, params, s, slot, ids_C, *rest, n_top, span):
         traces["prefill"] += 1
@@ -220,7 +220,8 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
     sampler = ContinuousSampler(cfg, p, max_batch=3, max_len=128, prefill_chunk=32,
                                 min_chunk=8, decode_steps=2)
     real_span = sampler.engine.span
-    monkeypatch.setattr(sampler.engine, "span", lambda: spans.add(real_span()) or real_span())
+    monkeypatch.setattr(sampler.engine, "span",
+                        lambda hold=(): spans.add(real_span(hold)) or real_span(hold))
 
     async def main():
         reqs = [GenerateRequest(input_ids=tuple(prompt(n, 20 + i)), sampling=SamplingParams(

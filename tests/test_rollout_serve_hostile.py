@@ -298,7 +298,7 @@ def test_a_client_is_its_peer_and_its_name_not_its_http_calls():
         submit, step, enqueue = eng.submit, eng.step, sampler._enqueue
         eng.submit = lambda r, on_tokens=None: (served.append(r.input_ids[0]),
                                                 submit(r, on_tokens))[1]
-        eng.step = lambda: (gate.wait(120), step())[1]   # until everything is queued
+        eng.step = lambda hold=(): (gate.wait(120), step(hold))[1]   # until all are queued
         queued = {12: asyncio.Event(), 18: asyncio.Event()}
 
         def counting(pendings, client=None):
@@ -354,11 +354,11 @@ def poison_engine(eng, kind: str) -> None:
             on_tokens(*event)
         return submit(r, hook)
 
-    def poisoned_decode(finished):
+    def poisoned_decode(finished, hold=()):
         if kind == "dispatch" and any(j is not None and j.request.sampling.sampling_seed
                                       == POISON_SEED for j in eng._slots):
             raise RuntimeError("poisoned dispatch")
-        return decode(finished)
+        return decode(finished, hold)
 
     eng.submit, eng._decode_once = poisoned_submit, poisoned_decode
 

@@ -32,7 +32,7 @@ from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, Gener
                                      TopLogprobs)
 from orchestrax.rollout.decode import Rows, decode_chunk, prefill
 from orchestrax.rollout.engine import ContinuousEngine, bucket
-from orchestrax.rollout.fair import FairQueue
+from orchestrax.rollout.fair import FairQueue, StepShare
 from orchestrax.rollout.validate import request_ids_error
 
 ENGINES = ("static", "continuous")
@@ -377,7 +377,10 @@ class ContinuousSampler(EmbeddedSampler):
     hold none (`_join_fairly`), so another client's request starts at the next step however
     long the first one's rows run; a client alone leaves that many slots idle. A peer that
     opens a new call per request takes the reserve like any new client (the fair queue's order
-    among peers still holds). The slot cache stays
+    among peers still holds). Clients whose rows need different cache spans take turns
+    (`fair.StepShare`): a step runs the rows of the client that got the least work so far and
+    of those that fit in its span, so a small request beside a giant call's long rows runs at
+    its own span instead of theirs. The slot cache stays
     allocated while idle, so an episode's next turn finds its prefix there (the engine's
     prefix cache); `drop_params` frees it with the weights (the trainer's step needs both).
     """
@@ -410,7 +413,9 @@ class ContinuousSampler(EmbeddedSampler):
         # and whether the group in the engine now is one of them.
         self._rerun: list[list[_Pending]] = []
         self._rerunning = False
-        self.stats = {"steps": 0, "requests": 0, "tokens": 0, "reruns": 0}
+        self._share = StepShare()
+        # held_steps: steps that left some client's rows waiting (`_hold`)
+        self.stats = {"steps": 0, "requests": 0, "tokens": 0, "reruns": 0, "held_steps": 0}
 
     def admit_error(self, r: GenerateRequest) -> str | None:
         return self.engine.admit_error(r)
@@ -488,13 +493,26 @@ class ContinuousSampler(EmbeddedSampler):
             self._join(p)
             held[p.client] += 1
 
+    def _hold(self) -> set[str]:
+        """Engine rids whose rows wait this step: those of clients `StepShare` does not run
+        (clients are whole fair-queue paths, as in `_join_fairly`)."""
+        spans: dict[tuple, int] = {}
+        for key, span in self.engine.spans().items():
+            if key in self._live:
+                client = self._live[key].client
+                spans[client] = max(spans.get(client, 0), span)
+        run = self._share.choose(spans, self.engine.decode_steps) if spans else set()
+        return {key for key, p in self._live.items() if p.client not in run}
+
     async def _step(self) -> None:
         eng = self.engine
         eng.params, eng.weight_version = self._getter(), self.weight_version
+        hold = self._hold()
+        self.stats["held_steps"] += bool(hold)
         try:
             # The step blocks on the device; a worker thread keeps the event loop serving.
             # Only this loop touches the engine, and only between awaits of this call.
-            await asyncio.to_thread(eng.step)
+            await asyncio.to_thread(eng.step, hold)
         except Exception as e:  # the shared dispatch failed: nobody knows whose row did it
             self._split_failed_step(e)
             return

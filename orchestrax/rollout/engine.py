@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -177,20 +177,22 @@ def _copy_prefix_impl(s: SlotState, src: jax.Array, dst: jax.Array, n: jax.Array
                       index_R=s.index_R.at[dst].set(n))
 
 
-def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax.Array, *,
-                 n_steps: int, n_top: int, span: int) -> tuple[SlotState, Steps]:
-    """`n_steps` decode steps for every live row; rows with keep_R False (aborted) stop first.
-    Each step feeds a row's last token at the row's own index and samples the next one.
+def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax.Array,
+                 run_R: jax.Array, *, n_steps: int, n_top: int, span: int
+                 ) -> tuple[SlotState, Steps]:
+    """`n_steps` decode steps for every live row with run_R True; rows with keep_R False
+    (aborted) stop first, live rows with run_R False (held this step) keep their state. Each
+    step feeds a row's last token at the row's own index and samples the next one.
 
-    Only the first `span` cache positions are read (the caller's S bucket: every occupied
-    slot's index + n_steps fits in it), so a step's attention costs what the longest row
+    Only the first `span` cache positions are read (the caller's S bucket: every running row's
+    index + n_steps fits in it), so a step's attention costs what the longest running row
     needs, not `max_len`; each step writes one position per row into the donated cache."""
     r = s.token_R.shape[0]
     s = s._replace(live_R=s.live_R & keep_R)
     one_R1 = jnp.ones((r, 1), jnp.bool_)
 
     def step(s: SlotState, _):
-        live_R = s.live_R
+        live_R = s.live_R & run_R
         logits_RV, c = models.forward_slots(cfg, params, s.token_R[:, None], one_R1, _cache(s),
                                             s.index_R, span=span)
         token_R, logprob_R, top_ids, top_lp = _sample(logits_RV, s, s.length_R, n_top)
@@ -198,13 +200,14 @@ def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax
         length_R = s.length_R + live_R
         done_R = stop_R | (length_R >= s.max_new_R)
         s = s._replace(
-            # Rows that are not decoding (free, or mid-prefill) keep their mask and index: the
-            # token written at their index is garbage that their next prefill chunk overwrites
-            # (or, on a free slot, past what its prefix cache keeps).
+            # Rows that are not decoding (free, mid-prefill, held) keep their mask and index:
+            # the token written at their index (past the span for a held row) is garbage that
+            # their next chunk or step overwrites (or, on a free slot, past what its prefix
+            # cache keeps).
             k=c.k, v=c.v, mask_RS=jnp.where(live_R[:, None], c.mask_RS, s.mask_RS),
             index_R=jnp.where(live_R, s.index_R + 1, s.index_R),
             token_R=jnp.where(live_R, token_R, s.token_R), length_R=length_R,
-            live_R=live_R & ~done_R,
+            live_R=s.live_R & ~(live_R & done_R),
             counts_RV=s.counts_RV.at[jnp.arange(r), token_R].add(live_R.astype(jnp.int32)))
         return s, Steps(token_R, logprob_R, live_R, stop_R & live_R, top_ids, top_lp)
 
@@ -419,9 +422,10 @@ class ContinuousEngine:
         for c in self._content:
             c.clear()
 
-    def step(self) -> list[GenerateResult]:
+    def step(self, hold: Collection[str] = ()) -> list[GenerateResult]:
         """Admit, prefill one chunk per prefilling slot, decode once; the results that
-        finished in this step."""
+        finished in this step. Rows of the rids in `hold` neither prefill nor decode: they keep
+        their state and cost the step nothing (the decode span is the running rows')."""
         finished: list[GenerateResult] = []
         self._steps += 1
         if self._epoch_of[0] is not self.params or self._epoch_of[1] != self.weight_version:
@@ -432,13 +436,13 @@ class ContinuousEngine:
         self.failures = []
         self._admit()
         for job in self._slots:
-            if job is not None and job.prefilling:
+            if job is not None and job.prefilling and job.rid not in hold:
                 try:
                     self._prefill(job, finished)
                 except Exception as e:
                     self._drop(job, e)
-        if any(j is not None and not j.prefilling for j in self._slots):
-            self._decode_once(finished)
+        if any(j is not None and not j.prefilling and j.rid not in hold for j in self._slots):
+            self._decode_once(finished, hold)
         return finished
 
     def _state_lost(self) -> bool:
@@ -470,19 +474,26 @@ class ContinuousEngine:
                 raise RuntimeError(f"request {rid} failed: {failed[rid]}") from failed[rid]
         return [by_rid[rid] for rid in rids]
 
-    def span(self) -> int:
+    def span(self, hold: Collection[str] = ()) -> int:
         """The S bucket of the next decode dispatch: a power of two times 2 * min_chunk (capped
-        at max_len) that holds every occupied slot's filled positions plus `decode_steps`."""
-        need = 1
-        for job in self._slots:
-            if job is None:
-                continue
-            if job.prefilling:
-                index = job.start + job.next_chunk * job.chunk
-            else:                  # the last recorded token is fed at this position
-                index = job.start + len(job.padded_ids) + len(job.ids) - 1
-            need = max(need, index + self.decode_steps)
-        return self._bucket(need)
+        at max_len) that holds the filled positions plus `decode_steps` of every occupied slot
+        not in `hold`."""
+        return self._bucket(max([self._need(j) for j in self._slots
+                                 if j is not None and j.rid not in hold], default=1))
+
+    def spans(self) -> dict[str, int]:
+        """rid -> the S bucket its row alone would need in the next step (a queued request:
+        its prompt's, as if it had a fresh slot)."""
+        out = {j.rid: self._bucket(len(j.request.input_ids) + self.decode_steps)
+               for j in self._queue}
+        return out | {j.rid: self._bucket(self._need(j)) for j in self._slots if j is not None}
+
+    def _need(self, job: _Job) -> int:
+        if job.prefilling:
+            index = job.start + job.next_chunk * job.chunk
+        else:                  # the last recorded token is fed at this position
+            index = job.start + len(job.padded_ids) + len(job.ids) - 1
+        return index + self.decode_steps
 
     # --- internals -----------------------------------------------------------------------------
     def _bucket(self, n: int) -> int:
@@ -627,11 +638,12 @@ class ContinuousEngine:
         self._record(job, [int(token)], [float(logprob)], top_ids[None], top_lp[None],
                      "stop" if stopped else "length" if bool(done) else None, finished)
 
-    def _decode_once(self, finished: list[GenerateResult]) -> None:
+    def _decode_once(self, finished: list[GenerateResult], hold: Collection[str] = ()) -> None:
         keep = np.asarray([j is not None for j in self._slots])
-        self._state, steps = _decode(self.cfg, self.params, self._state, keep,
+        run = np.asarray([j is not None and j.rid not in hold for j in self._slots])
+        self._state, steps = _decode(self.cfg, self.params, self._state, keep, run,
                                      n_steps=self.decode_steps, n_top=self.top_logprobs,
-                                     span=self.span())
+                                     span=self.span(hold))
         self.stats["decode_dispatches"] += 1
         steps, live = jax.device_get((steps, self._state.live_R))
         for slot, job in enumerate(self._slots):

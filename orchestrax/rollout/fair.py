@@ -13,6 +13,10 @@ the calls of one name. A peer that names every request differently splits only i
 
 `take(allowed)` skips every client whose (whole) path `allowed` refuses, e.g. one that may not
 take another slot of a running batch now: the next client in turn goes first.
+
+`StepShare` shares the engine's steps among the clients whose requests already hold slots,
+by the device work each got, so one client's long rows cannot make every step of another's
+short rows as slow as theirs.
 """
 
 from __future__ import annotations
@@ -105,3 +109,34 @@ class FairQueue:
 
     def __len__(self) -> int:
         return self._size
+
+
+class StepShare:
+    """Which clients' rows run in the next engine step, fair by the work each got.
+
+    A step's decode reads the first `span` cache positions of every slot, so its cost grows
+    with the longest row that runs. Every client holding rows has a virtual time: the span x
+    steps of every step its rows ran, at its own span. A step runs the client with the
+    smallest virtual time (ties: the smaller span) and every client whose rows fit in that
+    span (they cost the step nothing more); the others' rows wait. A client that starts holding
+    rows starts at the smallest virtual time of those already holding some (idling banks no
+    credit). So a client whose rows need span s beside one whose rows need S > s gets steps
+    of cost s, about S/s of them per step of the other's, instead of sharing every step at S.
+    """
+
+    def __init__(self):
+        self._vtime: dict[Hashable, float] = {}
+
+    def choose(self, spans: dict[Hashable, int], steps: int) -> set:
+        """`spans`: client -> the span its rows need (a client per key, every client holding
+        rows); the clients to run, each charged its span x `steps`."""
+        for c in [c for c in self._vtime if c not in spans]:
+            del self._vtime[c]
+        floor = min(self._vtime.values(), default=0.0)
+        for c in spans:
+            self._vtime.setdefault(c, floor)
+        first = min(spans, key=lambda c: (self._vtime[c], spans[c]))
+        run = {c for c in spans if spans[c] <= spans[first]}
+        for c in run:
+            self._vtime[c] += spans[c] * steps
+        return run
