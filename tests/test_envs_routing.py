@@ -302,6 +302,35 @@ def test_every_training_step_holds_the_kinds_in_equal_shares():
         assert len({t.task_id for t in step}) == 8
 
 
+def test_kind_blocks_keep_each_job_s_cost_and_latency_task_together():
+    """kind_blocks: train tasks (2i, 2i+1) share a job and are one cost and one latency task;
+    every step holds whole blocks, in order, no block twice; the eval split is unchanged."""
+    import grain
+    from orchestrax.train.run_info import episode_seeds
+    plain = RoutingEnv(RoutingConfig(preferences=("pool:cost", "pool:latency")))
+    env = RoutingEnv(RoutingConfig(preferences=("pool:cost", "pool:latency"), kind_blocks=True))
+    tasks = env.tasks("train")
+    assert _fingerprint(env.tasks("eval")) == _fingerprint(plain.tasks("eval"))
+    for a, b in zip(tasks[::2], tasks[1::2]):
+        assert a.metadata["job"] == b.metadata["job"]
+        assert (a.metadata["preference_kind"], b.metadata["preference_kind"]) == ("cost", "latency")
+    assert len({t.metadata["job"] for t in tasks[::2]}) > 1
+    stream = iter(env.task_stream(len(tasks), 8, seed=3).to_iter_dataset(
+        grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    for _ in range(40):  # past one epoch of the 128 blocks
+        ids = next(stream)
+        assert len(ids) == 8 and len(set(ids.tolist())) == 8
+        assert (ids[::2] % 2 == 0).all() and (ids[1::2] == ids[::2] + 1).all()
+    with pytest.raises(ValueError, match="multiple of 4"):
+        env.task_stream(len(tasks), 6, seed=0, process_count=2)
+    # the two tasks of a block sample with the same seeds; blocks and steps differ
+    seeds = episode_seeds(0, 5, 0, 32, group=4, shared=2).reshape(4, 2, 4)
+    assert (seeds[:, 0] == seeds[:, 1]).all() and len(np.unique(seeds[:, 0])) == 16
+    plain_seeds = episode_seeds(0, 5, 0, 32)
+    np.testing.assert_array_equal(episode_seeds(0, 5, 0, 32, group=4), plain_seeds)
+    assert not np.array_equal(episode_seeds(0, 5, 0, 32), episode_seeds(0, 6, 0, 32))
+
+
 def test_restated_preference_opens_the_call_turn_and_never_picks_the_tool():
     """restate_preference: the demonstration's call turn starts with the objective the task's
     P weighs, the call still parses and runs, and the tool stays uniform whatever the kind."""

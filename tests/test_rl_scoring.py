@@ -78,3 +78,40 @@ def test_bad_outcome_shape_is_named():
                                          r"outcome_QG must be \[Q,G\] = \(1, 2\)"):
         rl.score_groups([[traj("a"), traj("b")]], np.ones((1, 3)), [["s"]], [OUTCOME_ONLY],
                         rl.GRPOConfig())
+
+
+def call(name, cost, latency):
+    """A right answer after one call of `name`, charged `cost` dollars and `latency` seconds."""
+    return Trajectory(task_id="t", final_answer="done", turns=[TurnRecord(text="", tool_calls=[
+        ToolCallRecord(name=name, arguments={}, observation="", cost=cost, latency=latency)])])
+
+
+def test_group_tasks_pools_two_tasks_that_differ_in_p():
+    """Tools cheap ($0.001, 4 s) and fast ($0.02, 0.2 s), all answers right. Task 0 weighs cost
+    (P = 0, 0, 1, 1, 0), task 1 latency (0, 0, 1, 0, 1). Task 0's two rollouts both call cheap,
+    task 1's call cheap then fast.
+    group_tasks=1: task 0's group is constant (cost spread 0) -> R = [0, 0], dropped; task 1:
+    latency normalises to [0, 1], R = [0, 1], A = [-1, +1].
+    group_tasks=2: one group of four [c0 cheap, c0 cheap, l1 cheap, l1 fast]; over it cost
+    normalises to [1, 1, 1, 0], latency to [0, 0, 0, 1], outcome is constant (0): R = [1, 1, 0,
+    1], mean .75, std sqrt(3)/4, A = [1/sqrt(3), 1/sqrt(3), -sqrt(3), 1/sqrt(3)]: the cost
+    task's right choice now earns a positive advantage from the shared baseline."""
+    cheap, fast = ("cheap", 0.001, 4.0), ("fast", 0.02, 0.2)
+    groups = [[call(*cheap), call(*cheap)], [call(*cheap), call(*fast)]]
+    names = [["cheap", "fast"]] * 2
+    prefs = [[0, 0, 1, 1, 0], [0, 0, 1, 0, 1]]
+    one = rl.score_groups(groups, np.ones((2, 2)), names, prefs, rl.GRPOConfig(adv_clip=None))
+    np.testing.assert_allclose(one.reward_QG, [[0, 0], [0, 1]], atol=1e-6)
+    np.testing.assert_allclose(one.advantages_QG[1], [-1, 1], atol=1e-5)
+    np.testing.assert_array_equal(one.keep_QG, [[False, False], [True, True]])
+    two = rl.score_groups(groups, np.ones((2, 2)), names, prefs,
+                          rl.GRPOConfig(adv_clip=None, group_tasks=2))
+    np.testing.assert_allclose(two.reward_QG, [[1, 1], [0, 1]], atol=1e-6)
+    r3 = 1 / np.sqrt(3)
+    np.testing.assert_allclose(two.advantages_QG, [[r3, r3], [-np.sqrt(3), r3]], atol=1e-5)
+    assert two.keep_QG.all() and two.counters["filter/homogeneous_groups"] == 0
+    with pytest.raises(ValueError, match="group_tasks=2 does not divide the step's 3 tasks"):
+        rl.score_groups(groups + groups[:1], np.ones((3, 2)), names + names[:1],
+                        prefs + prefs[:1], rl.GRPOConfig(group_tasks=2))
+    with pytest.raises(ValueError, match="group_tasks"):
+        rl.GRPOConfig(group_tasks=0)

@@ -26,6 +26,7 @@ Everything is a function of (seed, split): two environments with the same config
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from typing import Any, ClassVar, Sequence
 
@@ -77,6 +78,11 @@ class RoutingConfig(EnvConfig):
     # ("Priority: low cost." / "Priority: low latency."), still calling a uniformly random
     # tool: the warm start teaches reading the instruction, never which tool serves it.
     restate_preference: bool = False
+    # Train tasks in blocks of one task per `preferences` entry, in order, sharing one job (task
+    # i's job is task i - i % len(preferences)'s): a block differs only in P. Each step then
+    # draws whole blocks, kept together, so `grpo.group_tasks = len(preferences)` makes a block
+    # one GRPO group.
+    kind_blocks: bool = False
 
     def __post_init__(self):
         if self.num_train < 1 or self.num_eval < 1:
@@ -142,6 +148,11 @@ def preference_text(kind: str) -> str:
         kind, f"Preference: use {kind}.")
 
 
+def _block_tasks(blocks: np.ndarray, *, size: int) -> np.ndarray:
+    """Block ids -> their tasks' indices, each block's `size` tasks in order."""
+    return (blocks[:, None] * size + np.arange(size)).reshape(-1)
+
+
 class _Lookup:
     """One tool bound to one task's job."""
 
@@ -173,8 +184,9 @@ class RoutingEnv(Environment):
         rng = random.Random(f"routing/{self.config.seed}/{split}")
         pool = "train" if split == "train" else self.config.eval_pool
         tasks = []
+        blocks = self.config.kind_blocks and split == "train"
         for i in range(n):
-            job = rng.choice(JOBS)
+            job = rng.choice(JOBS) if not (blocks and i % len(kinds)) else job
             kind = kinds[i % len(kinds)]
             task_id = f"routing/{split}/{i}"
             if kind == "pool":
@@ -212,11 +224,20 @@ class RoutingEnv(Environment):
         shared policy in opposite directions, and a step that happens to draw mostly one kind
         moves every task's choice towards that kind's tool (measured: uniform draws of 8 tasks
         swung the one policy between the cheap and the fast tool from step to step)."""
-        from orchestrax.data.tasks import MixtureSteps
+        from orchestrax.data.tasks import MixtureSteps, task_stream
         if tasks_per_step % process_count:
             raise ValueError(f"rollout.tasks_per_step={tasks_per_step} does not split evenly "
                              f"over {process_count} processes; use a multiple of {process_count}")
         prefs = self.config.preferences
+        if self.config.kind_blocks:   # whole blocks, in order: one task per kind each
+            k = len(prefs)
+            if tasks_per_step % (k * process_count):
+                raise ValueError(f"rollout.tasks_per_step={tasks_per_step} with kind_blocks: "
+                                 f"must be a multiple of {k * process_count} (blocks of {k} "
+                                 f"tasks over {process_count} processes)")
+            return task_stream(num_tasks // k, tasks_per_step // k, seed=seed,
+                               process_index=process_index, process_count=process_count
+                               ).map(functools.partial(_block_tasks, size=k))
         kinds = list(dict.fromkeys(prefs))
         shards = [np.array([i for i in range(num_tasks) if prefs[i % len(prefs)] == k],
                            np.int64)[process_index::process_count] for k in kinds]
@@ -236,11 +257,16 @@ class RoutingEnv(Environment):
         preference): a call (after the restated objective with `restate_preference`), then the
         answer. `rng`: a numpy Generator."""
         tool = self.config.tools[int(rng.integers(len(self.config.tools)))].name
+        return [self.call_turn(task, tool), "<answer>done</answer>"]
+
+    def call_turn(self, task: Task, tool: str) -> str:
+        """The demonstrations' call turn for `tool` (after the restated objective with
+        `restate_preference`)."""
         call = '<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % tool
         kind = task.metadata["preference_kind"]
         if self.config.restate_preference and kind in ("cost", "latency"):
             call = f"Priority: low {kind}.\n{call}"
-        return [call, "<answer>done</answer>"]
+        return call
 
     def stats(self, tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """preferred_tool_rate_<kind>: share of episodes whose calls all went to the preferred

@@ -50,6 +50,12 @@ class GRPOConfig:
     # gradient, no part in the group's statistics) or score them "zero" (they stay in the group
     # as failed tasks, R = 0, so a policy that breaks the format is pushed back).
     invalid: str = "drop"
+    # Tasks per group: 1 (the paper: each task's G rollouts are one group). k > 1: k consecutive
+    # tasks of a step form one group of k·G rollouts for the reward's min–max, the filters and
+    # the advantage baseline, and rollout g of each of them samples with the same seed (common
+    # random numbers). With tasks that differ only in P, a choice the policy makes whatever P
+    # says then earns opposite advantages in the same group, and cancels out of the gradient.
+    group_tasks: int = 1
     # Resolution floors of the reward's features (a smaller spread over the scope is no
     # difference): dollars and seconds; a tool call's floor is one call.
     cost_resolution: float = 1e-4
@@ -88,7 +94,7 @@ class GRPOConfig:
                 "None or > 0")
         one_of(self, "reward_scope", self.reward_scope, REWARD_SCOPES)
         one_of(self, "invalid", self.invalid, INVALID_MODES)
-        for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
+        for f in ("ppo_epochs", "num_minibatches", "num_microbatches", "group_tasks"):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, self, f, v, "an int >= 1")
         one_of(self, "objective", self.objective, ("grpo", "sft"))

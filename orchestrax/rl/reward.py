@@ -91,7 +91,7 @@ def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: che
 
     tool_counts [Q,G,N] calls per tool; outcome [Q,G] in {0,1}; cost [Q,G] dollars (≥ 0);
     latency [Q,G] seconds (≥ 0); preference [Q,N+3] in [0,1], ordered (tools…, outcome, compute,
-    latency). valid [Q,G] bool (default all): rollouts removed by the format/answer filters, which
+    latency), or [Q,G,N+3] when the rollouts of one group answer tasks with different P. valid [Q,G] bool (default all): rollouts removed by the format/answer filters, which
     take no part in the normalisation and get R = 0.
     """
     owner = "toolorchestra_reward"
@@ -101,8 +101,14 @@ def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: che
     Q, G, N = tool_counts.shape
     for name, x in (("outcome", outcome), ("cost", cost), ("latency", latency)):
         contracts.check_shape(owner, name, x, (Q, G), f"[Q,G] = ({Q}, {G}) like tool_counts")
-    contracts.check_shape(owner, "preference", preference, (Q, N + 3),
-                          f"[Q,N+3] = ({Q}, {N + 3}) ordered (tools…, outcome, compute, latency)")
+    if preference.ndim == 3:   # one P per rollout (a group of several tasks)
+        contracts.check_shape(owner, "preference", preference, (Q, G, N + 3),
+                              f"[Q,G,N+3] = ({Q}, {G}, {N + 3}) or [Q,N+3]")
+    else:
+        contracts.check_shape(owner, "preference", preference, (Q, N + 3),
+                              f"[Q,N+3] = ({Q}, {N + 3}) ordered (tools…, outcome, compute, "
+                              "latency), or [Q,G,N+3] one per rollout")
+        preference = jnp.broadcast_to(preference[:, None, :], (Q, G, N + 3))
     if _concrete(preference):
         p = np.asarray(preference)
         if not np.all((p >= 0) & (p <= 1)):
@@ -123,7 +129,7 @@ def toolorchestra_reward(tool_counts: chex.Array, outcome: chex.Array, cost: che
 @functools.partial(jax.jit, static_argnames="scope")
 def _reward(tool_counts, outcome, cost, latency, preference, valid_QG, floor_F, scope):
     M = feature_matrix(tool_counts, outcome, cost, latency)
-    R = jnp.einsum("qgf,qf->qg", minmax_normalize(M, valid_QG, scope, floor_F), preference)
+    R = jnp.einsum("qgf,qgf->qg", minmax_normalize(M, valid_QG, scope, floor_F), preference)
     return jnp.where((outcome == 1) & valid_QG, R, 0.0)
 
 

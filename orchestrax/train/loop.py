@@ -372,10 +372,13 @@ class Trainer:
                 temperature=temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k))
         # Each episode's sampling seed (its turns use seed + turn) comes from (run seed, step,
         # eval or train, episode), so a resumed run samples exactly what the crashed one would
-        # have, whatever order requests reach the sampler in.
+        # have, whatever order requests reach the sampler in. The k tasks of one training group
+        # (grpo.group_tasks) share their G seeds.
+        train = temperature is None
         seeds = run_info.episode_seeds(self.cfg.seed, self._global_step(),
-                                       0 if temperature is None else run_info.EVAL_SALT,
-                                       len(tasks) * group)
+                                       0 if train else run_info.EVAL_SALT, len(tasks) * group,
+                                       group=group,
+                                       shared=self.cfg.grpo.group_tasks if train else 1)
         return await self.rollouts.rollout(tasks, group, cfg, seeds)
 
     async def _publish_weights(self) -> None:

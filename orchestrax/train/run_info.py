@@ -98,12 +98,19 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
 EVAL_SALT = 1
 
 
-def episode_seeds(seed: int, global_step: int, salt: int, n: int) -> np.ndarray:
-    """The sampling seeds of n episodes (task-major: a task's samples side by side) of the
-    rollouts at `global_step` of a run seeded `seed`: training (salt 0) or its eval (EVAL_SALT).
-    An episode's turns use seed + turn, so a resumed run, and `orchestrax eval` of the
-    checkpoint, sample what the run sampled whatever order requests reach the sampler in."""
-    return np.random.default_rng([seed, 4, global_step, salt]).integers(0, 2**31 - 2**16, n)
+def episode_seeds(seed: int, global_step: int, salt: int, n: int, *, group: int = 1,
+                  shared: int = 1) -> np.ndarray:
+    """The sampling seeds of n episodes (task-major: a task's `group` samples side by side) of
+    the rollouts at `global_step` of a run seeded `seed`: training (salt 0) or its eval
+    (EVAL_SALT). An episode's turns use seed + turn, so a resumed run, and `orchestrax eval` of
+    the checkpoint, sample what the run sampled whatever order requests reach the sampler in.
+    `shared` = k: each k consecutive tasks get the same `group` seeds (common random numbers:
+    episode g of every task of a block draws the same random numbers); k = 1 draws the same
+    seeds as no blocks."""
+    draws = np.random.default_rng([seed, 4, global_step, salt]).integers(
+        0, 2**31 - 2**16, n // shared)
+    return np.broadcast_to(draws.reshape(-1, 1, group),
+                           (n // (shared * group), shared, group)).reshape(-1)
 
 
 LOCK = ".train.lock"

@@ -172,6 +172,11 @@ class TrainConfig:
                 f"rollout.{field}={value}; training rollouts must sample the full softmax "
                 "(top_p=1.0, top_k=-1): the trainer scores tokens under the untruncated "
                 "distribution, so truncated sampling biases every ratio")
+        k = self.grpo.group_tasks
+        if self.rollout.tasks_per_step % k:
+            raise ValueError(f"rollout.tasks_per_step={self.rollout.tasks_per_step} is not a "
+                             f"multiple of grpo.group_tasks={k} (tasks per group); allowed: "
+                             f"{k}, {2 * k}, {3 * k}, ...")
         if self.agent.mode != "direct" and self.rollout.workers:
             raise ValueError(f"rollout.workers={self.rollout.workers} with agent.mode="
                              f"{self.agent.mode!r}; its rollouts run on the trainer's event loop "
