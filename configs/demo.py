@@ -4,6 +4,11 @@ chosen uniformly (never told which tool a preference favours); then one GRPO run
 P and instruction are drawn per task from the training pairs of the cost-weighted and the
 latency-weighted profiles (the cheap tool is right under the first, the fast tool under the
 second). Evaluated on held-out tasks of both kinds, with the training phrasings.
+
+What made the one policy read P (README, "The demo"): each GRPO group holds one cost task and
+one latency task of the same job (`kind_blocks`, `group_tasks=2`), whose episodes share their
+sampling seeds, so a tool choice made whatever P says earns opposite advantages in one group and
+cancels; malformed rollouts stay in their group as failures (`invalid="zero"`).
 """
 
 import dataclasses
@@ -19,8 +24,7 @@ SFT_STEPS = 60
 STEPS = 12  # GRPO steps of the one policy
 # Short tool names: with them every demonstration fits one 512-token row (the attention's block).
 TOOLS = (LookupTool(name="cheap", usd_per_call=0.001, latency_s=4.0),
-         LookupTool(name="fast", usd_per_call=0.02, latency_s=0.2),
-         LookupTool(name="premium", usd_per_call=0.05, latency_s=10.0))
+         LookupTool(name="fast", usd_per_call=0.02, latency_s=0.2))
 ENV = RoutingConfig(num_eval=16, tools=TOOLS, preferences=("pool:cost", "pool:latency"),
                     eval_preferences=("pool:cost", "pool:latency"), eval_pool="train",
                     restate_preference=True)
@@ -38,8 +42,8 @@ def config_warmstart() -> TrainConfig:
         # KL to the warm-start policy keeps the tiny model's tool-call format intact.
         grpo=GRPOConfig(clip_low=0.2, clip_high=0.28, adv_clip=3.0, min_group_std=0.1,
                         ppo_epochs=1, num_minibatches=2, temperature=0.7, kl="k3",
-                        kl_coef=0.02),
-        optim=OptimizerConfig(lr=3e-4, warmup_steps=0, schedule="constant", total_steps=10_000,
+                        kl_coef=0.02, invalid="zero", group_tasks=2),
+        optim=OptimizerConfig(lr=5e-4, warmup_steps=0, schedule="constant", total_steps=10_000,
                               weight_decay=0.0, max_grad_norm=1.0),
         sft_optim=OptimizerConfig(lr=3e-3, warmup_steps=6, schedule="cosine",
                                   total_steps=SFT_STEPS, weight_decay=0.0),
@@ -62,4 +66,5 @@ def config() -> TrainConfig:
     """GRPO from the warm start: one policy on tasks of both preference kinds."""
     c = config_warmstart()
     return dataclasses.replace(c, name="demo-grpo", sft_steps=0, steps=STEPS,
+                               env=dataclasses.replace(c.env, kind_blocks=True),
                                init_from=c.out_dir, out_dir=f"{OUT}/grpo")

@@ -1,29 +1,16 @@
-"""The demo's own numbers: the preferred tool's share per P kind from `orchestrax eval` records."""
+"""The demo: its command and its table, and (slow) GRPO moving its one policy towards the tool
+each P kind favours."""
 
-import math
+import dataclasses
 import runpy
 from pathlib import Path
 
-from orchestrax.envs.routing import RoutingConfig
+import pytest
+
 from orchestrax.train import demo
+from orchestrax.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
-
-COST, LATENCY = [0.0, 0.0, 0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
-
-
-def test_preferred_shares_count_calls_per_kind():
-    records = [
-        {"preference": COST, "calls": {"lookup_cheap": 2, "lookup_fast": 1}},
-        {"preference": COST, "calls": {"lookup_premium": 1}},
-        {"preference": LATENCY, "calls": {"lookup_fast": 1}},
-        {"preference": LATENCY, "calls": {}},                       # no call: no share
-        {"preference": [0.0, 0.0, 0.0, 1.0, 0.5, 0.5], "calls": {"lookup_cheap": 5}},  # neither
-    ]
-    shares = demo.preferred_shares(records, RoutingConfig())
-    assert shares == {"cost": 2 / 4, "latency": 1.0}
-    assert math.isnan(demo.preferred_shares(records[:2], RoutingConfig())["latency"])
-
 
 def test_table_prints_a_dash_for_a_share_of_no_calls():
     """A policy that called no tool on a kind's tasks has no share there: '-' and a footnote,
@@ -91,3 +78,22 @@ def test_orchestrax_demo_reaches_the_trainer(tmp_path, monkeypatch, capsys):
     assert main(["demo", "--out", str(out), "--fresh", "--set", "warmstart.sft_batch=9"]) == 2
     assert "sft_batch=9 does not split over the 8 devices" in capsys.readouterr().err
     assert not (out / "stale").exists()
+
+
+@pytest.mark.slow
+def test_grpo_moves_the_one_policy_towards_each_kind_s_tool(tmp_path):
+    """The demo's recipe shortened to 8 GRPO steps from its own warm start: the policy's
+    teacher-forced probability of the preferred tool rises for BOTH P kinds. A drift that
+    ignores P (every run before cost/latency blocks with shared seeds) raises one kind's and
+    lowers the other's; the warm start is near 0.6 / 0.4 for cheap whatever P says."""
+    cmd = demo.config(str(ROOT / "configs" / "demo.py"))
+    warm, grpo = demo.runs(dataclasses.replace(cmd, out=str(tmp_path)))
+    warm = dataclasses.replace(warm, eval_every=0)
+    grpo = dataclasses.replace(grpo, steps=8, eval_every=0)
+    train(warm)
+    before = demo.preferred_probabilities(warm)
+    train(grpo)
+    after = demo.preferred_probabilities(grpo)
+    print("P(preferred tool) before", before, "after", after)
+    assert after["cost"] > before["cost"] + 0.05, (before, after)
+    assert after["latency"] > before["latency"] + 0.05, (before, after)

@@ -112,7 +112,10 @@ def test_configs_build_and_overrides_name_the_field():
     demo_ns = runpy.run_path(str(ROOT / "configs" / "demo.py"))
     warm = demo_ns["config_warmstart"]()
     assert demo.init_from == warm.out_dir and warm.steps == 0 and demo.sft_steps == 0
-    assert demo.env == warm.env  # the warm start saw the same phrasings
+    # the warm start saw the same phrasings; GRPO draws its tasks in cost/latency blocks of one
+    # job, a block a group
+    assert dataclasses.replace(demo.env, kind_blocks=False) == warm.env
+    assert demo.env.kind_blocks and demo.grpo.group_tasks == len(demo.env.preferences) == 2
     # one policy on both preference kinds, drawn from the training pairs
     assert demo.env.preferences == ("pool:cost", "pool:latency") and demo.env.num_eval == 16
     cfg = apply_overrides(demo, ["rollout.group_size=4", "optim.lr=1e-5", "steps=3",

@@ -29,9 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
+
+from orchestrax import models, registry
+from orchestrax.agent import chat
+from orchestrax.agent.codec import Codec
+from orchestrax.agent.episode import prompt_messages
 from orchestrax.checks import check_fields
-from orchestrax.envs.routing import RoutingConfig, preferred_from_vector
 from orchestrax.train import plots, setup
+from orchestrax.train.checkpoint import load_model
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.loop import train
 
@@ -103,6 +110,9 @@ def run(cmd: DemoCommand) -> int:
     rows = [("before RL (warm start)", eval_rows(warm)[-1], evals["warm start"]),
             ("GRPO, one policy", eval_rows(grpo)[-1], evals["GRPO"])]
     print(table(rows, warm))
+    print(probability_table([(label, preferred_probabilities(c))
+                             for label, c in (("before RL (warm start)", warm),
+                                              ("GRPO, one policy", grpo))]))
     png = plots.plot_preference_shares(Path(grpo.out_dir) / "metrics.jsonl", KINDS, evals,
                                        base / "preference_shares.png")
     print(f"\ntraining took {minutes[0]:.1f} min, `orchestrax eval` {minutes[1]:.1f} min; "
@@ -132,6 +142,48 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConf
     return "\n".join(lines)
 
 
+def preferred_probabilities(cfg: TrainConfig) -> dict[str, float]:
+    """Kind -> the policy's probability of the preferred tool's call on the eval split's tasks
+    of that kind, averaged over them: the call turn a demonstration writes (the restated
+    objective, then the call) teacher-forced after the task's prompt for each tool, at the
+    run's sampling temperature, normalised over the tools. No sampling, so none of the eval's
+    noise. A policy that ignores P gives the two kinds' preferred tools probabilities that sum
+    to 1 (with two tools)."""
+    model = load_model(cfg.out_dir)
+    codec = Codec(registry.build_tokenizer(cfg.tokenizer))
+    env = setup.make_env(cfg)
+    names = [t.name for t in cfg.env.tools]
+    length = cfg.rollout.context_tokens
+    logprobs = jax.jit(lambda ids: jax.nn.log_softmax(
+        models.forward(model.cfg, model.params, ids)[0] / cfg.rollout.temperature))
+    probs: dict[str, list[float]] = {k: [] for k in KINDS}
+    for task in env.tasks("eval"):
+        kind = task.metadata["preference_kind"]
+        if kind not in probs:
+            continue
+        prompt = codec.encode_prompt(chat.prompt_parts(
+            prompt_messages(task), tools=[t.spec for t in env.tools(task)],
+            enable_thinking=cfg.rollout.enable_thinking))
+        scores = []
+        for name in names:
+            call = codec.encode(env.call_turn(task, name))
+            ids = np.zeros(length, np.int32)   # right padding: a causal model never sees it
+            ids[:len(prompt) + len(call)] = prompt + call
+            lp = np.asarray(logprobs(ids[None]))
+            scores.append(sum(lp[len(prompt) + i - 1, t] for i, t in enumerate(call)))
+        p = np.exp(np.array(scores) - max(scores))
+        probs[kind].append(float(p[names.index(task.metadata["preferred_tool"])] / p.sum()))
+    return {k: float(np.mean(v)) if v else float("nan") for k, v in probs.items()}
+
+
+def probability_table(rows: list[tuple[str, dict[str, float]]]) -> str:
+    lines = ["\nthe policy's probability of the preferred tool's call per P kind (teacher-forced "
+             "on the same held-out tasks, no sampling)",
+             f"{'':24s}{'cost->cheap':>12s}{'latency->fast':>14s}"]
+    lines += [f"{label:24s}{_cell(p['cost'], 12)}{_cell(p['latency'], 14)}" for label, p in rows]
+    return "\n".join(lines)
+
+
 def _cell(x: float | None, width: int, fmt: str = ".2f") -> str:
     """`x` right-aligned in `width`, or '-' where it is missing or NaN (a share of no calls)."""
     return f"{'-' if x is None or math.isnan(x) else format(x, fmt):>{width}s}"
@@ -140,7 +192,8 @@ def _cell(x: float | None, width: int, fmt: str = ".2f") -> str:
 def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None) -> dict[str, Any]:
     """`orchestrax eval` of a run dir on the routing task set (episode settings and the routing
     env from the run's own config): {"adherence" (against `baseline`'s eval.json, None without),
-    "accuracy", "share": {kind: the preferred tool's share of calls on that kind's tasks}}."""
+    "accuracy", "share": {kind: the preferred tool's share of calls on that kind's tasks, the
+    env's `preferred_share_<kind>` as the trainer's eval computes it}}."""
     # The command itself, in its own process: the trainer's layer does not import eval's.
     argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy", cfg.out_dir,
             "--tasks", "routing", "--turn-sweep", "", "--out", str(out), "--no-progress"]
@@ -149,22 +202,9 @@ def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None) -> dict[
         raise SystemExit(f"orchestrax eval of {cfg.out_dir} failed (exit {code})")
     payload = json.loads((out / "eval.json").read_text())
     (row,) = payload["rows"]
+    env = row.get("env", {})   # the routing env's own stats, as the trainer's eval rows log them
     return {"adherence": row["adherence"], "accuracy": row["accuracy"],
-            "share": preferred_shares(payload["records"]["routing"], cfg.env)}
-
-
-def preferred_shares(records: list[dict[str, Any]], env: RoutingConfig) -> dict[str, float]:
-    """Kind -> calls to the tool P favours / all calls, over eval.json records whose P weighs
-    only compute ("cost") or only latency."""
-    hits = {k: [0, 0] for k in KINDS}
-    for rec in records:
-        P = rec["preference"]
-        kind = {(1.0, 0.0): "cost", (0.0, 1.0): "latency"}.get(tuple(P[-2:]))
-        if kind is None:
-            continue
-        hits[kind][0] += rec["calls"].get(preferred_from_vector(env, P), 0)
-        hits[kind][1] += sum(rec["calls"].values())
-    return {k: h / n if n else float("nan") for k, (h, n) in hits.items()}
+            "share": {k: env.get(f"preferred_share_{k}", math.nan) for k in KINDS}}
 
 
 def eval_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
