@@ -105,6 +105,24 @@ def test_turn_sweep_by_hand_and_equal_to_real_runs():
         assert summarize(real) == s  # the cut is what a run with that limit does
 
 
+def test_preference_adherence_pairs_samples_in_order():
+    """Two samples of one cost-weighted task (P over cheap, fast, outcome, cost, latency =
+    (0, 0, 1, 1, 0)), all solved. Policy: cheap then fast; baseline: cheap then fast too. Sample k
+    pairs with the baseline's sample k, so both pairs are equal and score 0 (pairing both with
+    the baseline's last sample, fast, would score the cheap one 1 for its lower cost: 0.5). A
+    baseline of one sample (fast) pairs with both: 1 and 0, mean 0.5."""
+    def rec(tool: str, usd: float) -> EpisodeRecord:
+        return EpisodeRecord(task_id="t0", task_set="routing", outcome=1.0, tool_cost_usd=usd,
+                             calls={tool: 1}, tool_names=("cheap", "fast"),
+                             preference=(0.0, 0.0, 1.0, 1.0, 0.0))
+    policy = [rec("cheap", 0.001), rec("fast", 0.02)]
+    assert preference_adherence(policy, [rec("cheap", 0.001), rec("fast", 0.02)]) == {
+        "adherence": 0.0, "tasks": 1, "pairs": 2, "missing": 0}
+    assert preference_adherence(policy, [rec("fast", 0.02)])["adherence"] == pytest.approx(0.5)
+    s = summarize(policy)
+    assert (s["tasks"], s["episodes"]) == (1, 2)
+
+
 def test_preference_adherence_by_hand():
     """Policy: cheap everywhere; baseline: fast everywhere. On a cost task the pair normalises to
     cheap-count (1, 0), fast-count (0, 1), -cost (1, 0), -latency (0, 1); outcome ties (0).
@@ -115,9 +133,11 @@ def test_preference_adherence_by_hand():
                                  cfg(), progress=False))
     fast = asyncio.run(evaluate(ts, routing_policy(tok, lambda t, d: ANSWER if d else FAST),
                                 cfg(), progress=False))
-    assert preference_adherence(cheap, fast) == {"adherence": 0.5, "tasks": 4, "missing": 0}
+    assert preference_adherence(cheap, fast) == {"adherence": 0.5, "tasks": 4, "pairs": 4,
+                                                 "missing": 0}
     assert preference_adherence(fast, fast)["adherence"] == 0.0   # nothing differs
-    assert preference_adherence(fast, cheap[:2]) == {"adherence": 0.5, "tasks": 2, "missing": 2}
+    assert preference_adherence(fast, cheap[:2]) == {"adherence": 0.5, "tasks": 2, "pairs": 2,
+                                                     "missing": 2}
     wrong = asyncio.run(evaluate(ts, routing_policy(tok, lambda t, d: ANSWER), cfg(),
                                  progress=False))
     assert preference_adherence(wrong, fast)["adherence"] == 0.0  # unsolved tasks score 0

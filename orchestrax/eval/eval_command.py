@@ -231,9 +231,9 @@ def error_rates(rows: list[dict[str, Any]], main_limit: int | None) -> dict[str,
     main turn limit."""
     out = {}
     for r in rows:
-        if (main_limit is None or r.get("turn_limit") == main_limit) and r.get("tasks"):
+        if (main_limit is None or r.get("turn_limit") == main_limit) and r.get("episodes"):
             name = r["task_set"] if "point" not in r else f"{r['task_set']} {r['point']}"
-            out[name] = max(out.get(name, 0.0), r.get("errors", 0) / r["tasks"])
+            out[name] = max(out.get(name, 0.0), r.get("errors", 0) / r["episodes"])
     return out
 
 

@@ -26,7 +26,8 @@ from orchestrax.rl.reward import toolorchestra_reward
 
 
 def summarize(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
-    """Means per task (cost in US cents, latency in minutes) and calls per tool per task."""
+    """Means per episode (cost in US cents, latency in minutes; with one sample a task, per
+    task) and calls per tool per episode. "tasks" counts distinct tasks, "episodes" records."""
     if not records:
         raise ValueError("summarize: no records")
     n = len(records)
@@ -39,7 +40,8 @@ def summarize(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
         calls.update(r.calls)
     total = sum(calls.values())
     return {
-        "tasks": n,
+        "tasks": len({r.task_id for r in records}),
+        "episodes": n,
         "accuracy": mean(r.outcome for r in records),
         "cents_per_task": mean(100.0 * r.cost_usd for r in records),
         "minutes_per_task": mean(r.latency_s / 60.0 for r in records),
@@ -56,14 +58,26 @@ def summarize(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
 
 def preference_adherence(records: Sequence[EpisodeRecord],
                          baseline: Sequence[EpisodeRecord]) -> dict[str, Any]:
-    """{"adherence": mean score or None, "tasks": how many were scored, "missing": tasks with a
-    preference that the baseline did not run}. Baseline records pair with records by task_id."""
-    base = {r.task_id: r for r in baseline}
-    pairs = [(r, base[r.task_id]) for r in records
-             if r.preference is not None and r.task_id in base]
-    missing = sum(r.preference is not None and r.task_id not in base for r in records)
+    """{"adherence": mean score or None, "tasks": how many tasks were scored, "pairs": how many
+    (policy episode, baseline episode) pairs, "missing": tasks with a preference that the
+    baseline did not run}. Records pair with baseline records by task_id; with several samples
+    a task, the k-th sample of the policy (in evaluation order) pairs with the baseline's k-th
+    (its k mod n-th when the baseline ran n < k samples), so every policy episode is scored once."""
+    base: dict[str, list[EpisodeRecord]] = {}
+    for r in baseline:
+        base.setdefault(r.task_id, []).append(r)
+    seen: dict[str, int] = {}
+    pairs = []
+    for r in records:
+        if r.preference is None or r.task_id not in base:
+            continue
+        k = seen.get(r.task_id, 0)
+        seen[r.task_id] = k + 1
+        pairs.append((r, base[r.task_id][k % len(base[r.task_id])]))
+    missing = len({r.task_id for r in records
+                   if r.preference is not None and r.task_id not in base})
     if not pairs:
-        return {"adherence": None, "tasks": 0, "missing": missing}
+        return {"adherence": None, "tasks": 0, "pairs": 0, "missing": missing}
     width = max(len(r.tool_names) for r, _ in pairs)
     counts = np.zeros((len(pairs), 2, width), np.float32)
     pref = np.zeros((len(pairs), width + 3), np.float32)
@@ -81,4 +95,5 @@ def preference_adherence(records: Sequence[EpisodeRecord],
         pref[i, :len(r.tool_names)] = r.preference[:-3]
         pref[i, width:] = r.preference[-3:]
     R = np.asarray(toolorchestra_reward(counts, outcome, cost, latency, pref, scope="group"))
-    return {"adherence": float(R[:, 0].mean()), "tasks": len(pairs), "missing": missing}
+    return {"adherence": float(R[:, 0].mean()), "tasks": len(seen), "pairs": len(pairs),
+            "missing": missing}

@@ -89,7 +89,7 @@ async def run_eval(policy: Policy, run: EvalRun) -> dict[str, Any]:
                    "samples": run.cfg.samples, **summarize(recs),
                    "env": env_stats(ts, recs, run.cfg.samples)}
             adh = (preference_adherence(recs, baseline[ts.name]) if ts.name in baseline
-                   else {"adherence": None, "tasks": 0, "missing": 0})
+                   else {"adherence": None, "tasks": 0, "pairs": 0, "missing": 0})
             row |= {"adherence": adh["adherence"], "adherence_tasks": adh["tasks"]}
             rows.append(row)
     return {"policy": policy.name,
