@@ -1,12 +1,21 @@
 import os
+import pathlib
 
 # Eight fake CPU devices so sharding bugs show on a laptop; must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import pathlib
+# One persistent XLA compilation cache for the whole suite: both pytest-xdist workers and every
+# subprocess a test starts (trainers, servers) reuse what another test already compiled for the
+# same program and devices. Most tests build the same tiny models, so most of their compile time
+# (eager ops included) was spent many times over. Results are unchanged: the cache is keyed by
+# the program, the devices, the flags and the jax version.
+_CACHE = pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))  # LRU beyond 2 GiB
 
 import pytest
 

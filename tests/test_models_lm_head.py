@@ -81,7 +81,7 @@ def test_gradients_match_autodiff(monkeypatch):
 
     def grads(cfg):
         f = lambda p: models.token_logprobs(cfg, p, tokens).mean()  # noqa: E731
-        return jax.value_and_grad(f)(params)
+        return jax.jit(jax.value_and_grad(f))(params)
 
     (l32, g32), (l16, g16) = grads(cfg32), grads(cfg16)
     monkeypatch.setattr(model_lib, "lm_logits", _autodiff_logits)

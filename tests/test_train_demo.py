@@ -2,7 +2,11 @@
 each P kind favours."""
 
 import dataclasses
+import json
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,15 +89,28 @@ def test_grpo_moves_the_one_policy_towards_each_kind_s_tool(tmp_path):
     """The demo's recipe shortened to 8 GRPO steps from its own warm start: the policy's
     teacher-forced probability of the preferred tool rises for BOTH P kinds. A drift that
     ignores P (every run before cost/latency blocks with shared seeds) raises one kind's and
-    lowers the other's; the warm start is near 0.6 / 0.4 for cheap whatever P says."""
+    lowers the other's; the warm start is near 0.6 / 0.4 for cheap whatever P says. Runs in a
+    subprocess on one CPU device, as `make demo` does (the suite's 8 host devices would
+    shard the tiny model and its sampler eight ways on two cores)."""
+    proc = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True,
+                          text=True, timeout=3000, env={**os.environ, "XLA_FLAGS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("P(preferred tool) before", before, "after", after)
+    assert after["cost"] > before["cost"] + 0.05, (before, after)
+    assert after["latency"] > before["latency"] + 0.05, (before, after)
+
+
+def _shortened_demo(out: str) -> tuple[dict[str, float], dict[str, float]]:
     cmd = demo.config(str(ROOT / "configs" / "demo.py"))
-    warm, grpo = demo.runs(dataclasses.replace(cmd, out=str(tmp_path)))
+    warm, grpo = demo.runs(dataclasses.replace(cmd, out=out))
     warm = dataclasses.replace(warm, eval_every=0)
     grpo = dataclasses.replace(grpo, steps=8, eval_every=0)
     train(warm)
     before = demo.preferred_probabilities(warm)
     train(grpo)
-    after = demo.preferred_probabilities(grpo)
-    print("P(preferred tool) before", before, "after", after)
-    assert after["cost"] > before["cost"] + 0.05, (before, after)
-    assert after["latency"] > before["latency"] + 0.05, (before, after)
+    return before, demo.preferred_probabilities(grpo)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_shortened_demo(sys.argv[1])))
