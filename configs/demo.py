@@ -21,7 +21,7 @@ from orchestrax.train.train_config import RolloutConfig, TrainConfig
 
 OUT = "runs/demo"
 SFT_STEPS = 60
-STEPS = 12  # GRPO steps of the one policy
+STEPS = 16  # GRPO steps of the one policy
 # Short tool names: with them every demonstration fits one 512-token row (the attention's block).
 TOOLS = (LookupTool(name="cheap", usd_per_call=0.001, latency_s=4.0),
          LookupTool(name="fast", usd_per_call=0.02, latency_s=0.2))
