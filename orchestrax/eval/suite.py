@@ -88,8 +88,7 @@ async def run_eval(policy: Policy, run: EvalRun) -> dict[str, Any]:
             row = {"policy": policy.name, "task_set": ts.name, "turn_limit": limit,
                    "samples": run.cfg.samples, **summarize(recs),
                    "env": env_stats(ts, recs, run.cfg.samples)}
-            adh = (preference_adherence(recs, baseline[ts.name]) if ts.name in baseline
-                   else {"adherence": None, "tasks": 0, "pairs": 0, "missing": 0})
+            adh = preference_adherence(recs, baseline.get(ts.name, ()))
             row |= {"adherence": adh["adherence"], "adherence_tasks": adh["tasks"]}
             rows.append(row)
     return {"policy": policy.name,
