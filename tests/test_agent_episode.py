@@ -171,6 +171,13 @@ def test_context_budget():
     traj.check()
 
 
+def test_a_prompt_that_fills_the_context_is_an_error_not_a_zero():
+    sampler = ScriptedSampler(TOK, ["<answer>a</answer>"])
+    traj = run(sampler, make_tools(), config=EpisodeConfig(context_tokens=16))
+    assert traj.end_reason == "error" and not traj.turns
+    assert "context_tokens=16" in traj.error and "tokens) leaves no room" in traj.error
+
+
 def test_truncated_turn_is_closed_and_reported():
     sampler = ScriptedSampler(TOK, ["<think>\n" + "very long thoughts " * 10, "b"])
     traj = run(sampler, make_tools(), config=EpisodeConfig(max_new_tokens=8))

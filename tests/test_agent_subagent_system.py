@@ -303,3 +303,12 @@ def test_query_tools_keep_the_tasks_own_then_shared_then_attachments(tmp_path):
     got = query_tools(attached, [stranger], [search])
     assert got[0] is search and [t.spec.name for t in got] == ["local_search", "read_file"]
     assert list(got[1].files.values()) == [tmp_path / "t.csv"]
+
+
+def test_a_first_prompt_that_fills_the_turn_budget_is_an_error_not_a_zero(tok):
+    task = Task(task_id="q/3", messages=({"role": "user", "content": "2+2?"},))
+    cfg = OrchestratorConfig(enable_thinking=False, turn_tokens=8)
+    sampler = Unreliable(tok, failures=0)
+    rollout = asyncio.run(run_query(task, {}, sampler, Codec(tok), cfg))
+    assert (rollout.end_reason, rollout.samples, sampler.attempts) == ("error", [], 0)
+    assert "leaves no room in turn_tokens=8" in rollout.trajectory.error

@@ -53,7 +53,7 @@ class OrchestratorConfig:
     max_turns: int = 10
     max_new_tokens: int = 1024         # per orchestrator turn
     turn_tokens: int = 8192            # prompt + completion of one turn; a longer prompt ends
-                                       # the query ("context")
+                                       # the query ("context"; an error on the first turn)
     enable_thinking: bool = True
     memory: bool = True                # False: the memory ablation (prompt replays the history)
     limits: MemoryLimits = MemoryLimits()
@@ -209,6 +209,9 @@ class _Query:
                                           enable_thinking=cfg.enable_thinking)
             ids = codec.encode(prompt)
             room = cfg.turn_tokens - len(ids)
+            if room < 1 and turn == 0:   # the task cannot be played at this budget: not a zero
+                return self._end("error", f"the first prompt ({len(ids)} tokens) leaves no room "
+                                          f"in turn_tokens={cfg.turn_tokens}; raise it")
             if room < 1:
                 return self._end("context")
             generated = await sample_turn(
