@@ -2,10 +2,13 @@
 `orchestrax ...` lines are parsed by the real CLI parser; `python tools/...`, `python bench/...`
 and `python -m` lines name a file or module that exists, and every `--flag` they pass appears in
 that file's argument parser. The lines that can run here cheaply run as pasted (`RUN_HERE`, from
-a scratch directory holding a tiny run where the line names one); every other line is listed in
-`NOT_RUN` with why, and a new line in the docs must join one of the two."""
+a scratch directory holding a tiny run where the line names one); the eval lines with a
+placeholder policy or host run with it filled (`RUN_FILLED`: the tiny run, its export, a real
+`orchestrax serve` of it) and a small budget appended; every other line is listed in `NOT_RUN`
+with why, and a new line in the docs must join one of the three."""
 
 import importlib.util
+import json
 import pathlib
 import re
 import shlex
@@ -97,15 +100,9 @@ NOT_RUN = {
     "python bench/before_after.py --base 0d33131":
         "checks out and benchmarks an older commit (minutes)",
     "python bench/gpu.py": "needs a GPU",
-    "orchestrax eval --policy 'RUN_DIR|HF_DIR|sglang:URL|openai:URL' --tasks routing "
-    "tau2:retail frames": _PLACEHOLDER,
-    "orchestrax eval --policy RUN_DIR --tasks musique --agent direct,subagent --thinking "
-    "none,subagents,orchestrator,all": _PLACEHOLDER,
     "orchestrax eval --policy runs/qwen3-8b --tasks frames tau2:retail --train-config "
     "configs/qwen3_8b_gpu.py --user-url http://H:30001/v1 --user-model M":
         "a Qwen3-8B run and a user-simulator host H (GPU scale); " + _PLACEHOLDER,
-    "orchestrax eval --policy sglang:http://H:30000 --tokenizer HF_DIR --tasks aime musique":
-        _PLACEHOLDER,
     "orchestrax eval --policy openai:https://api.example/v1 --model NAME --api-key-env KEY "
     "--tasks frames --train-config configs/qwen3_8b_gpu.py --policy-price gpt-5 --baseline "
     "runs/eval/eval.json --out runs/eval_gpt5": "a hosted model behind a key; " + _PLACEHOLDER,
@@ -131,11 +128,48 @@ RUN_HERE = ("orchestrax eval --policy runs/demo/grpo --tasks routing",
             "orchestrax export runs/demo/grpo runs/export --dtype bfloat16")
 
 
+# Run with their placeholders filled (FILLS) and a small budget appended (BUDGET), from the same
+# scratch directory, against `orchestrax serve` of the tiny run's export on a free port.
+RUN_FILLED = (
+    "orchestrax eval --policy 'RUN_DIR|HF_DIR' --tasks routing tau2:retail frames",
+    "orchestrax eval --policy sglang:URL --tokenizer HF_DIR --tasks routing frames",
+    "orchestrax eval --policy openai:URL --model NAME --tasks routing frames",
+    "orchestrax eval --policy RUN_DIR --tasks musique --agent direct,subagent --thinking "
+    "none,subagents,orchestrator,all",
+    "orchestrax eval --policy sglang:http://H:30000 --tokenizer HF_DIR --tasks aime musique",
+)
+# One task a set, one short turn; the context holds a tau2 retail prompt (10.6k tiny-tokenizer
+# tokens), which a smaller one turns into an error (rightly: the task cannot be played).
+BUDGET = ("--limit", "1", "--max-turns", "1", "--max-new-tokens", "8", "--context-tokens", "12288",
+          "--no-progress")
+
+
+def _filled(command: str, port: int) -> list[list[str]]:
+    """`command` with each placeholder replaced by the scratch directory's stand-in, one
+    command per alternative of an `A|B` policy."""
+    words = shlex.split(command)[1:]
+    at = words.index("--policy") + 1
+    out = []
+    for policy in words[at].split("|"):
+        argv = [*words[:at], policy, *words[at + 1:]]
+        text = " ".join(shlex.quote(w) for w in argv)
+        for old, new in ((r"http://H:\d+", f"http://127.0.0.1:{port}"),
+                         (r"\bopenai:URL\b", f"openai:http://127.0.0.1:{port}/v1"),
+                         (r"\bsglang:URL\b", f"sglang:http://127.0.0.1:{port}"),
+                         (r"\bRUN_DIR\b", "runs/demo/grpo"), (r"\bHF_DIR\b", "runs/export"),
+                         (r"\bNAME\b", "default")):
+            text = re.sub(old, new, text)
+        assert not re.search(r"\b[A-Z][A-Z_]+\b", text), f"unfilled placeholder in {text}"
+        out.append([*shlex.split(text), *BUDGET, "--out", f"runs/filled{len(out)}"])
+    return out
+
+
 def test_every_documented_line_runs_here_or_says_why_not():
     documented = {c for _, c in COMMANDS}
-    unclassified = documented - set(NOT_RUN) - set(RUN_HERE)
+    unclassified = documented - set(NOT_RUN) - set(RUN_HERE) - set(RUN_FILLED)
     assert not unclassified, f"add to RUN_HERE or NOT_RUN (with why): {sorted(unclassified)}"
-    assert not (set(NOT_RUN) | set(RUN_HERE)) - documented, "no longer in the docs: drop them"
+    assert not (set(NOT_RUN) | set(RUN_HERE) | set(RUN_FILLED)) - documented, \
+        "no longer in the docs: drop them"
 
 
 def test_the_runnable_lines_run_as_pasted(tmp_path, monkeypatch, capsys):
@@ -155,3 +189,47 @@ def test_the_runnable_lines_run_as_pasted(tmp_path, monkeypatch, capsys):
     assert "eval settings: enable_thinking=False max_new_tokens=8 max_turns=2" in printed
     assert (tmp_path / "runs" / "eval" / "eval.json").is_file()
     assert (tmp_path / "runs" / "export" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_the_placeholder_lines_run_filled(tmp_path, monkeypatch, capsys):
+    """Each eval line whose policy or host is a placeholder, filled with the tiny run, its
+    export and a real `orchestrax serve` of that export: every form exits 0 and scores every
+    task set it names with no failed episode."""
+    import subprocess
+    import sys
+
+    from agent_fixtures import write_tiny_run
+    from loopback import free_port
+    from orchestrax.cli import main as cli
+    from orchestrax.envs.routing import RoutingConfig
+    from orchestrax.train.train_config import RolloutConfig
+    write_tiny_run(tmp_path / "runs" / "demo" / "grpo", name="grpo", seed=0,
+                   env=RoutingConfig(num_train=4, num_eval=2),
+                   rollout=RolloutConfig(max_turns=2, max_new_tokens=8, context_tokens=1024,
+                                         enable_thinking=False))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCHESTRAX_DATA", str(ROOT.parent / "shared" / "data"))
+    assert cli(["export", "runs/demo/grpo", "runs/export"]) == 0
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "orchestrax.cli", "serve", "--model",
+                               "runs/export", "--port", str(port), "--max-len", "4096"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "listening" in server.stdout.readline()
+        capsys.readouterr()
+        for command in RUN_FILLED:
+            for argv in _filled(command, port):
+                code = cli(argv)
+                printed = capsys.readouterr()
+                assert code == 0, f"`{shlex.join(argv)}` exited {code}: {printed.err[-2000:]}"
+                run = tmp_path / argv[-1]
+                path = run / "grid.json" if "--agent" in argv else run / "eval.json"
+                rows = json.loads(path.read_text())["rows"]
+                after = argv[argv.index("--tasks") + 1:]
+                for task_set in after[:next(i for i, w in enumerate(after) if w[:2] == "--")]:
+                    mine = [r for r in rows if r["task_set"] == task_set]
+                    assert mine and all(r["errors"] == 0 for r in mine), (argv, mine)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
