@@ -485,3 +485,38 @@ def test_a_giant_call_cannot_take_every_slot(reserve, giants_first):
 
     before_small, held = asyncio.run(main())
     assert held == [4 - reserve] and before_small == giants_first
+
+
+@pytest.mark.parametrize("broken", ["step", "spans"])
+def test_a_step_that_fails_with_any_rows_fails_its_requests_once_and_serving_goes_on(broken):
+    """A wrapper passing a wrong argument breaks every step (`engine.step`, or `engine.spans`,
+    read before each step): the 8 requests of one call end with a 500 naming the TypeError
+    after one failed step and one try with no request (no reruns), and a good request after
+    the engine is mended gets the tokens it got before. Before, the broken `spans` ended the
+    sampler's loop and every request hung; the broken `step` was rerun in halves, 15 steps."""
+    calls = []
+
+    async def fn(http, url, st):
+        eng = st.sampler.engine
+        before = await post(http, url, greedy_generate(0))
+        original = getattr(eng, broken)
+
+        def wrong(*args):   # passes one argument too many
+            calls.append(args)
+            return original(*args, "extra")
+        setattr(eng, broken, wrong)
+        body = {"input_ids": [[5, 17, 40 + i, 3] for i in range(8)],
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 9}}
+        failed = await asyncio.wait_for(post(http, url, body), 120)   # guards a hang only
+        setattr(eng, broken, original)
+        after = await post(http, url, greedy_generate(0))
+        return before, failed, after, dict(st.sampler.stats)
+
+    before, (status, body), after, stats = serve("continuous", fn)
+    assert status == 500
+    assert "TypeError" in body["error"]["message"]
+    assert "with no request in it" in body["error"]["message"]
+    assert stats["reruns"] == 0 and stats["faults"] == 1
+    assert len(calls) == 2   # the failed step and the try without requests
+    assert after[0] == before[0] == 200
+    assert after[1]["output_ids"] == before[1]["output_ids"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 from typing import Any, AsyncIterator, Callable, Sequence
 
 import jax
@@ -36,6 +37,12 @@ from orchestrax.rollout.fair import FairQueue, StepShare
 from orchestrax.rollout.validate import request_ids_error
 
 ENGINES = ("static", "continuous")
+
+log = logging.getLogger(__name__)
+
+
+class EngineFault(RuntimeError):
+    """An engine step failed with no request in it: the fault is the engine's, not a row's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,7 +422,9 @@ class ContinuousSampler(EmbeddedSampler):
         self._rerunning = False
         self._share = StepShare()
         # held_steps: steps that left some client's rows waiting (`_hold`)
-        self.stats = {"steps": 0, "requests": 0, "tokens": 0, "reruns": 0, "held_steps": 0}
+        # faults: failed steps that failed with no request in the engine too
+        self.stats = {"steps": 0, "requests": 0, "tokens": 0, "reruns": 0, "held_steps": 0,
+                      "faults": 0}
 
     def admit_error(self, r: GenerateRequest) -> str | None:
         return self.engine.admit_error(r)
@@ -506,15 +515,15 @@ class ContinuousSampler(EmbeddedSampler):
 
     async def _step(self) -> None:
         eng = self.engine
-        eng.params, eng.weight_version = self._getter(), self.weight_version
-        hold = self._hold()
-        self.stats["held_steps"] += bool(hold)
         try:
+            eng.params, eng.weight_version = self._getter(), self.weight_version
+            hold = self._hold()
+            self.stats["held_steps"] += bool(hold)
             # The step blocks on the device; a worker thread keeps the event loop serving.
             # Only this loop touches the engine, and only between awaits of this call.
             await asyncio.to_thread(eng.step, hold)
         except Exception as e:  # the shared dispatch failed: nobody knows whose row did it
-            self._split_failed_step(e)
+            await self._split_failed_step(e)
             return
         self.stats["steps"] += 1
         for key, e in eng.failures:   # requests the engine dropped; the others went on
@@ -539,19 +548,37 @@ class ContinuousSampler(EmbeddedSampler):
             self._finish(p, result.finish_reason, result.weight_version, delta)
 
 
-    def _split_failed_step(self, error: Exception) -> None:
+    async def _split_failed_step(self, error: Exception) -> None:
         """A failed engine step cannot say which row failed it. Its requests leave the engine
         (its cache, perhaps donated and lost, is freed) and run again in two halves, each on
         its own, halving again on failure: only a request whose step fails with it alone fails
         its caller, after about 2 log2(rows) reruns. Seeds are fixed per request, so a rerun
         samples the same tokens. A stream that already got tokens fails (its rerun would send
-        them twice)."""
+        them twice).
+
+        First the step (the hold choice and the engine's step) is tried once with no request in
+        the engine: when that fails too, the
+        fault is nobody's row (a broken engine or a wrapper of it): every request of the step
+        fails at once with `EngineFault` naming the error, logged once, no rerun, and the
+        loop goes on serving (each later step meets the same test, so a fault that lasts
+        fails each later request within two steps; one that clears serves them again)."""
         eng, live = self.engine, list(self._live.values())
         for key in self._live:
             eng.abort(key)
         self._live.clear()
         if not eng.busy:
             eng.release()
+        try:
+            self._hold()
+            await asyncio.to_thread(eng.step, ())
+        except Exception as probe:
+            fault = EngineFault(f"the engine's step fails with no request in it: "
+                                f"{type(probe).__name__}: {probe}")
+            log.error("%s (failing the %d requests of the step)", fault, len(live))
+            self.stats["faults"] += 1
+            for p in live:
+                self._finish(p, error=fault)
+            return
         again = []
         for p in live:
             if p.future.done():

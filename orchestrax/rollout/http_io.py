@@ -13,6 +13,7 @@ from orchestrax.rollout.serving import ServerState
 from orchestrax.rollout.validate import ProtocolError, json_depth_error
 
 STATE = web.AppKey("state", ServerState)
+STREAM_STARTED = web.RequestKey("stream_started", bool)   # its response's headers are sent
 CLIENT_HEADER = "X-Client-Id"
 MAX_CLIENT_NAME = 128   # characters of the header kept: a long name buys nothing
 
@@ -74,6 +75,7 @@ async def sse(request: web.Request, events) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
+    request[STREAM_STARTED] = True
     async for event in events:
         await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")

@@ -36,8 +36,9 @@ from orchestrax.rollout.sampler import GenerateRequest, GenerateResult
 from orchestrax.rollout import rl_routes
 from orchestrax.rollout.chat_route import chat_completions, list_models
 from orchestrax.rollout.openai_completions import completions
-from orchestrax.rollout.http_io import (STATE, client_of, error, json_response, merge, read_json,
-                                        sse)
+from orchestrax.rollout.embedded import EngineFault
+from orchestrax.rollout.http_io import (STATE, STREAM_STARTED, client_of, error, json_response,
+                                        merge, read_json, sse)
 from orchestrax.rollout.protocol import parse_generate, result_to_json
 from orchestrax.rollout.serving import ServerState, Update, run_request, stream_request
 from orchestrax.rollout.validate import ProtocolError
@@ -248,10 +249,26 @@ async def bearer_auth(request: web.Request, handler):
     return await handler(request)
 
 
+@web.middleware
+async def named_500(request: web.Request, handler):
+    """An unexpected failure answers 500 with its type and message (an engine fault, or one
+    request's row failing alone), unless a stream already started (it ends the stream)."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        if request.get(STREAM_STARTED):
+            raise
+        if not isinstance(e, EngineFault):   # the sampler logged an engine fault once
+            log.exception("%s %s failed", request.method, request.path)
+        return error(f"{type(e).__name__}: {e}", 500)
+
+
 def make_app(state: ServerState) -> web.Application:
     # Bodies over the limit get 413 from aiohttp before they are read.
     app = web.Application(client_max_size=state.limits.max_body_bytes,
-                          middlewares=[bearer_auth])
+                          middlewares=[bearer_auth, named_500])
     app[STATE] = state
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)
