@@ -128,8 +128,8 @@ RUN_HERE = ("orchestrax eval --policy runs/demo/grpo --tasks routing",
             "orchestrax export runs/demo/grpo runs/export --dtype bfloat16")
 
 
-# Run with their placeholders filled (FILLS) and a small budget appended (BUDGET), from the same
-# scratch directory, against `orchestrax serve` of the tiny run's export on a free port.
+# Run with their placeholders filled (`_filled`) and a small budget appended (BUDGET), from the
+# same scratch directory, against `orchestrax serve` of the tiny run's export on a free port.
 RUN_FILLED = (
     "orchestrax eval --policy 'RUN_DIR|HF_DIR' --tasks routing tau2:retail frames",
     "orchestrax eval --policy sglang:URL --tokenizer HF_DIR --tasks routing frames",
@@ -147,21 +147,35 @@ BUDGET = ("--limit", "1", "--max-turns", "1", "--max-new-tokens", "8", "--contex
 def _filled(command: str, port: int) -> list[list[str]]:
     """`command` with each placeholder replaced by the scratch directory's stand-in, one
     command per alternative of an `A|B` policy."""
+    fills = ((r"http://H:\d+", f"http://127.0.0.1:{port}"),
+             (r"\bopenai:URL\b", f"openai:http://127.0.0.1:{port}/v1"),
+             (r"\bsglang:URL\b", f"sglang:http://127.0.0.1:{port}"),
+             (r"\bRUN_DIR\b", "runs/demo/grpo"), (r"\bHF_DIR\b", "runs/export"),
+             (r"\bNAME\b", "default"))
+
+    def fill(word: str) -> str:
+        for old, new in fills:
+            word = re.sub(old, new, word)
+        assert not re.search(r"\b[A-Z][A-Z_]+\b", word), f"unfilled placeholder in {word}"
+        return word
+
     words = shlex.split(command)[1:]
     at = words.index("--policy") + 1
-    out = []
-    for policy in words[at].split("|"):
-        argv = [*words[:at], policy, *words[at + 1:]]
-        text = " ".join(shlex.quote(w) for w in argv)
-        for old, new in ((r"http://H:\d+", f"http://127.0.0.1:{port}"),
-                         (r"\bopenai:URL\b", f"openai:http://127.0.0.1:{port}/v1"),
-                         (r"\bsglang:URL\b", f"sglang:http://127.0.0.1:{port}"),
-                         (r"\bRUN_DIR\b", "runs/demo/grpo"), (r"\bHF_DIR\b", "runs/export"),
-                         (r"\bNAME\b", "default")):
-            text = re.sub(old, new, text)
-        assert not re.search(r"\b[A-Z][A-Z_]+\b", text), f"unfilled placeholder in {text}"
-        out.append([*shlex.split(text), *BUDGET, "--out", f"runs/filled{len(out)}"])
-    return out
+    return [[*map(fill, words[:at]), fill(policy), *map(fill, words[at + 1:]), *BUDGET,
+             "--out", f"runs/filled{i}"] for i, policy in enumerate(words[at].split("|"))]
+
+
+def _tiny_scratch(tmp_path, monkeypatch) -> None:
+    """tmp_path as the working directory, holding runs/demo/grpo: a random tiny Qwen3 run with
+    its train_config.json (short episode budgets, 2 routing eval tasks)."""
+    from agent_fixtures import write_tiny_run
+    from orchestrax.envs.routing import RoutingConfig
+    from orchestrax.train.train_config import RolloutConfig
+    write_tiny_run(tmp_path / "runs" / "demo" / "grpo", name="grpo", seed=0,
+                   env=RoutingConfig(num_train=4, num_eval=2),
+                   rollout=RolloutConfig(max_turns=2, max_new_tokens=8, context_tokens=1024,
+                                         enable_thinking=False))
+    monkeypatch.chdir(tmp_path)
 
 
 def test_every_documented_line_runs_here_or_says_why_not():
@@ -173,15 +187,8 @@ def test_every_documented_line_runs_here_or_says_why_not():
 
 
 def test_the_runnable_lines_run_as_pasted(tmp_path, monkeypatch, capsys):
-    from agent_fixtures import write_tiny_run
     from orchestrax.cli import main as cli
-    from orchestrax.envs.routing import RoutingConfig
-    from orchestrax.train.train_config import RolloutConfig
-    write_tiny_run(tmp_path / "runs" / "demo" / "grpo", name="grpo", seed=0,
-                   env=RoutingConfig(num_train=4, num_eval=2),
-                   rollout=RolloutConfig(max_turns=2, max_new_tokens=8, context_tokens=1024,
-                                         enable_thinking=False))
-    monkeypatch.chdir(tmp_path)
+    _tiny_scratch(tmp_path, monkeypatch)
     for command in RUN_HERE:
         code = cli(shlex.split(command)[1:])
         assert code == 0, f"`{command}` exited {code}: {capsys.readouterr().err[-2000:]}"
@@ -199,16 +206,9 @@ def test_the_placeholder_lines_run_filled(tmp_path, monkeypatch, capsys):
     import subprocess
     import sys
 
-    from agent_fixtures import write_tiny_run
     from loopback import free_port
     from orchestrax.cli import main as cli
-    from orchestrax.envs.routing import RoutingConfig
-    from orchestrax.train.train_config import RolloutConfig
-    write_tiny_run(tmp_path / "runs" / "demo" / "grpo", name="grpo", seed=0,
-                   env=RoutingConfig(num_train=4, num_eval=2),
-                   rollout=RolloutConfig(max_turns=2, max_new_tokens=8, context_tokens=1024,
-                                         enable_thinking=False))
-    monkeypatch.chdir(tmp_path)
+    _tiny_scratch(tmp_path, monkeypatch)
     monkeypatch.setenv("ORCHESTRAX_DATA", str(ROOT.parent / "shared" / "data"))
     assert cli(["export", "runs/demo/grpo", "runs/export"]) == 0
     port = free_port()

@@ -219,11 +219,11 @@ class _Episode:
 
     async def run(self) -> Trajectory:
         cfg, traj, codec = self.config, self.traj, self.codec
+        if len(traj.token_ids) >= cfg.context_tokens:   # unplayable at this budget: not a zero
+            return self._end("error", f"the prompt ({len(traj.token_ids)} tokens) leaves no "
+                                      f"room in context_tokens={cfg.context_tokens}; raise it")
         for turn in range(cfg.max_turns):
             room = cfg.context_tokens - len(traj.token_ids)
-            if room < 1 and turn == 0:   # the task cannot be played at this budget: not a zero
-                return self._end("error", f"the prompt ({len(traj.token_ids)} tokens) leaves no "
-                                          f"room in context_tokens={cfg.context_tokens}; raise it")
             if room < 1:
                 return self._end("context")
             generated = await sample_turn(
