@@ -114,14 +114,18 @@ def test_stream_info_health_flush_abort_and_models():
 
 def test_abort_request_returns_abort_finish_reason():
     async def fn(http, url, sampler):
-        async def gen(rid):
+        async def gen(rid, n):
             async with http.post(f"{url}/generate", json={
                     "input_ids": PROMPT, "rid": rid,
-                    "sampling_params": {"temperature": 0, "max_new_tokens": 8}}) as r:
+                    "sampling_params": {"temperature": 0, "max_new_tokens": n}}) as r:
                 return await r.json()
-        tasks = [asyncio.create_task(gen(f"r{i}")) for i in range(12)]  # 8 run, 4 queue
-        while sampler.outstanding < 12:
-            await asyncio.sleep(0.005)
+        # r11 asks for 80 tokens (20 decode chunks), the others 8: it is still running when the
+        # abort comes. The wait is on r11 itself (a count of 12 raced the first batch's finish
+        # under load and hung) and fails instead of hanging.
+        tasks = [asyncio.create_task(gen(f"r{i}", 80 if i == 11 else 8)) for i in (11, *range(11))]
+        async with asyncio.timeout(60):
+            while not any(p.request.rid == "r11" for p in sampler._pending()):
+                await asyncio.sleep(0.005)
         async with http.post(f"{url}/abort_request", json={"rid": "r11"}) as r:
             assert r.status == 200
         return await asyncio.gather(*tasks)
