@@ -189,8 +189,6 @@ def test_bad_requests_are_refused_naming_the_field(params):
         eng.submit(GenerateRequest(input_ids=(1, CFG.vocab_size)))
     with pytest.raises(ValueError, match="top_logprobs=3"):
         eng.submit(GenerateRequest(input_ids=(1, 2), top_logprobs=3))
-    with pytest.raises(ValueError, match="padded to whole prefill chunks"):
-        eng.submit(GenerateRequest(input_ids=prompt(20, 0)))   # 20 -> 32 = max_len
     with pytest.raises(ValueError, match="ContinuousEngine.max_batch=0"):
         ContinuousEngine(CFG, params, max_batch=0)
 
@@ -198,14 +196,17 @@ def test_bad_requests_are_refused_naming_the_field(params):
 def test_a_prompt_near_the_context_limit_is_prefilled_in_smaller_chunks(params):
     # 45 tokens in whole 32-token chunks would pad to 64 = max_len; 16-token chunks pad to 48.
     eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=32, min_chunk=8)
-    assert eng._chunking(45) == (48, 16) and eng._chunking(20) == (32, 32)
-    assert eng._chunking(63) == (64, 8)                 # no chunk leaves room: refused
-    assert "input_ids has 63 tokens, 64 once padded" in eng.admit_error(req(63, 1))
-    r = req(45, 90, new=10)
-    got = eng.generate([r, req(5, 91, new=12)])[0]
-    static = asyncio.run(EmbeddedSampler(CFG, params, max_batch=2, max_len=64).generate([r]))[0]
-    assert got.output_ids == static.output_ids and len(got.output_ids) == 10
-    np.testing.assert_allclose(got.logprobs, static.logprobs, atol=1e-5)
+    assert eng._chunking(45) == (48, (16, 16, 16)) and eng._chunking(20) == (32, (32,))
+    # Within min_chunk of max_len no padding leaves room: unpadded, in powers of two.
+    assert eng._chunking(61) == (61, (32, 16, 8, 4, 1))
+    assert eng._chunking(63) == (63, (32, 16, 8, 4, 2, 1))
+    for n, new in ((45, 10), (61, 3), (63, 1)):
+        r = req(n, 90 + n, new=new)
+        got = eng.generate([r, req(5, 91, new=12)])[0]
+        static = asyncio.run(EmbeddedSampler(CFG, params, max_batch=2, max_len=64
+                                             ).generate([r]))[0]
+        assert got.output_ids == static.output_ids and len(got.output_ids) == new
+        np.testing.assert_allclose(got.logprobs, static.logprobs, atol=1e-5)
 
 
 def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucket(monkeypatch):

@@ -248,13 +248,13 @@ class _Job:
     on_tokens: StreamHook | None
     max_new: int = 0
     # The prefill plan, made when the job takes a slot: the prompt's first `cached` tokens are
-    # already in the slot (positions < start); the rest, left-padded to whole chunks, is
-    # written from `start` on.
+    # already in the slot (positions < start); the rest, left-padded to `sum(chunks)`, is
+    # written from `start` on, one chunk of `chunks` per step.
     cached: int = 0
     start: int = 0
     padded_ids: np.ndarray = None
     padded_valid: np.ndarray = None
-    chunk: int = 0
+    chunks: tuple[int, ...] = ()
     next_chunk: int = 0
     slot: int = -1
     ids: list[int] = dataclasses.field(default_factory=list)
@@ -264,7 +264,12 @@ class _Job:
 
     @property
     def prefilling(self) -> bool:
-        return self.next_chunk * self.chunk < len(self.padded_ids)
+        return self.next_chunk < len(self.chunks)
+
+    @property
+    def prefilled(self) -> int:
+        """Positions of `padded_ids` written so far."""
+        return sum(self.chunks[:self.next_chunk])
 
 
 @dataclasses.dataclass(eq=False)
@@ -360,12 +365,6 @@ class ContinuousEngine:
         if not 0 <= r.top_logprobs <= self.top_logprobs:
             return (f"top_logprobs={r.top_logprobs}; this engine reports at most "
                     f"{self.top_logprobs} (ContinuousEngine.top_logprobs)")
-        n = len(r.input_ids)
-        padded, _ = self._chunking(n)
-        if padded >= self.max_len:
-            return (f"input_ids has {n} tokens, {padded} once padded to whole prefill chunks "
-                    f"(>= min_chunk={self.min_chunk}); leaves no room to generate in "
-                    f"max_len={self.max_len}")
         return None
 
     def submit(self, r: GenerateRequest, on_tokens: StreamHook | None = None) -> str:
@@ -490,7 +489,7 @@ class ContinuousEngine:
 
     def _need(self, job: _Job) -> int:
         if job.prefilling:
-            index = job.start + job.next_chunk * job.chunk
+            index = job.start + job.prefilled
         else:                  # the last recorded token is fed at this position
             index = job.start + len(job.padded_ids) + len(job.ids) - 1
         return index + self.decode_steps
@@ -499,24 +498,32 @@ class ContinuousEngine:
     def _bucket(self, n: int) -> int:
         return bucket(n, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
 
-    def _chunking(self, n: int, room: int | None = None) -> tuple[int, int]:
-        """(padded length, chunk size) of an n-token prompt to be written into `room` positions
-        (default max_len): one power-of-two bucket up to `prefill_chunk`, else whole
+    def _chunking(self, n: int, room: int | None = None) -> tuple[int, tuple[int, ...]]:
+        """(padded length, chunk sizes) of an n-token prompt to be written into `room`
+        positions (default max_len): one power-of-two bucket up to `prefill_chunk`, else whole
         `prefill_chunk`s. When that padding would leave no room, the chunk is halved (down to
-        `min_chunk`), so a prompt near the context limit is still admitted, prefilled in more,
-        smaller chunks (sizes from the same halving chain, so no new compile beyond one per
-        size)."""
+        `min_chunk`), so a prompt near the context limit is prefilled in more, smaller chunks;
+        when even `min_chunk` pads past the room, the prompt goes unpadded in chunks of
+        `prefill_chunk` and then the powers of two of what is left (498 = 256+128+64+32+16+2),
+        at most one compile per power of two. Every prompt shorter than `room` fits."""
         room = self.max_len if room is None else room
         if n <= self.prefill_chunk:
             padded = bucket(n, lo=self.min_chunk, hi=self.prefill_chunk)
             if padded < room:
-                return padded, padded
+                return padded, (padded,)
         chunk = self.prefill_chunk
-        while True:
+        while chunk >= self.min_chunk:
             padded = -(-n // chunk) * chunk
-            if padded < room or chunk // 2 < self.min_chunk:
-                return padded, min(chunk, padded)
+            if padded < room:
+                return padded, (min(chunk, padded),) * (padded // min(chunk, padded))
             chunk //= 2
+        sizes, left, piece = [], n, self.prefill_chunk
+        while left:
+            while piece > left:
+                piece //= 2
+            sizes.append(piece)
+            left -= piece
+        return n, tuple(sizes)
 
     def _admit(self) -> None:
         """Give queued jobs free slots, in order, each with its prefill plan; a job whose
@@ -560,11 +567,11 @@ class ContinuousEngine:
                    > max(best, self.min_chunk - 1) for j in prefilling):
                 return False
         start = self._content[best_slot].pos[best - 1] + 1 if best >= self.min_chunk else 0
-        padded, chunk = self._chunking(n - best, self.max_len - start)
+        padded, chunks = self._chunking(n - best, self.max_len - start)
         if start == 0 or start + padded >= self.max_len:
             # No prefix worth a copy or a hole in the slot, or the rest does not fit after it.
             best, best_slot, start = 0, None, 0
-            padded, chunk = self._chunking(n)
+            padded, chunks = self._chunking(n)
         free = [s for s in range(self.max_batch) if self._slots[s] is None]
         if best_slot is not None and best_slot in free:
             slot = best_slot
@@ -579,7 +586,7 @@ class ContinuousEngine:
             c.clear()
         del c.ids[best:], c.pos[best:]
         c.epoch, c.used = self._epoch, self._steps
-        job.cached, job.start, job.chunk, job.next_chunk = best, start, chunk, 0
+        job.cached, job.start, job.chunks, job.next_chunk = best, start, chunks, 0
         job.max_new = min(job.request.sampling.max_new_tokens, self.max_len - start - padded)
         job.padded_ids = np.zeros((padded,), np.int32)
         job.padded_ids[padded - (n - best):] = ids[best:]
@@ -613,10 +620,10 @@ class ContinuousEngine:
             frequency_R=one(sp.frequency_penalty, np.float32))
 
     def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
-        i, c = job.next_chunk, job.chunk
-        first, last = i == 0, (i + 1) * c >= len(job.padded_ids)
-        index = job.start + i * c
-        ids, valid = job.padded_ids[i * c:(i + 1) * c], job.padded_valid[i * c:(i + 1) * c]
+        i, c, at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
+        first, last = i == 0, i + 1 == len(job.chunks)
+        index = job.start + at
+        ids, valid = job.padded_ids[at:at + c], job.padded_valid[at:at + c]
         self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
             self.cfg, self.params, self._state, np.int32(job.slot), ids, valid,
             np.int32(index), np.int32(index), np.bool_(first), np.bool_(last),
