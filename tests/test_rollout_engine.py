@@ -200,7 +200,10 @@ def test_a_prompt_near_the_context_limit_is_prefilled_in_smaller_chunks(params):
     # Within min_chunk of max_len no padding leaves room: unpadded, in powers of two.
     assert eng._chunking(61) == (61, (32, 16, 8, 4, 1))
     assert eng._chunking(63) == (63, (32, 16, 8, 4, 2, 1))
-    for n, new in ((45, 10), (61, 3), (63, 1)):
+    # The output budget is the static batcher's, min(new, max_len - n): 45 + 19 = 64 goes
+    # unpadded (padding it to 48 would leave 16).
+    assert eng._chunking(45, 64 - 19 + 1) == (45, (32, 8, 4, 1))
+    for n, new in ((45, 10), (45, 19), (61, 3), (63, 1)):
         r = req(n, 90 + n, new=new)
         got = eng.generate([r, req(5, 91, new=12)])[0]
         static = asyncio.run(EmbeddedSampler(CFG, params, max_batch=2, max_len=64

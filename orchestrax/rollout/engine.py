@@ -499,8 +499,8 @@ class ContinuousEngine:
         return bucket(n, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
 
     def _chunking(self, n: int, room: int | None = None) -> tuple[int, tuple[int, ...]]:
-        """(padded length, chunk sizes) of an n-token prompt to be written into `room`
-        positions (default max_len): one power-of-two bucket up to `prefill_chunk`, else whole
+        """(padded length, chunk sizes) of an n-token prompt whose padded length must be below
+        `room` (default max_len): one power-of-two bucket up to `prefill_chunk`, else whole
         `prefill_chunk`s. When that padding would leave no room, the chunk is halved (down to
         `min_chunk`), so a prompt near the context limit is prefilled in more, smaller chunks;
         when even `min_chunk` pads past the room, the prompt goes unpadded in chunks of
@@ -566,12 +566,15 @@ class ContinuousEngine:
             if any(min(_common(np.asarray(j.request.input_ids), ids), n - 1)
                    > max(best, self.min_chunk - 1) for j in prefilling):
                 return False
+        # The output budget is the static batcher's, min(max_new_tokens, max_len - n): the
+        # prompt's padding (and a reused prefix's holes) may only take positions it leaves.
+        want = min(job.request.sampling.max_new_tokens, self.max_len - n)
         start = self._content[best_slot].pos[best - 1] + 1 if best >= self.min_chunk else 0
-        padded, chunks = self._chunking(n - best, self.max_len - start)
-        if start == 0 or start + padded >= self.max_len:
+        padded, chunks = self._chunking(n - best, self.max_len - start - want + 1)
+        if start == 0 or start + padded + want > self.max_len:
             # No prefix worth a copy or a hole in the slot, or the rest does not fit after it.
             best, best_slot, start = 0, None, 0
-            padded, chunks = self._chunking(n)
+            padded, chunks = self._chunking(n, self.max_len - want + 1)
         free = [s for s in range(self.max_batch) if self._slots[s] is None]
         if best_slot is not None and best_slot in free:
             slot = best_slot
@@ -587,7 +590,7 @@ class ContinuousEngine:
         del c.ids[best:], c.pos[best:]
         c.epoch, c.used = self._epoch, self._steps
         job.cached, job.start, job.chunks, job.next_chunk = best, start, chunks, 0
-        job.max_new = min(job.request.sampling.max_new_tokens, self.max_len - start - padded)
+        job.max_new = want
         job.padded_ids = np.zeros((padded,), np.int32)
         job.padded_ids[padded - (n - best):] = ids[best:]
         job.padded_valid = np.zeros((padded,), np.bool_)
