@@ -148,8 +148,9 @@ def test_abort_result_and_queued_abort_reach_the_stream_hook(params):
             finals[rid] = result
 
     eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16)
-    eng.submit(req(7, 50, new=50, rid="a"), on_tokens=hook)
-    eng.submit(req(7, 51, new=50, rid="q"), on_tokens=hook)
+    # 7 + 40 leaves room to pad the prompt to one 16-token chunk: one step prefills it.
+    eng.submit(req(7, 50, new=40, rid="a"), on_tokens=hook)
+    eng.submit(req(7, 51, new=40, rid="q"), on_tokens=hook)
     eng.step(), eng.step()
     eng.abort("q"), eng.abort("a")
     assert finals["a"].finish_reason == "abort" and len(finals["a"].output_ids) == 3
