@@ -142,16 +142,19 @@ async def main(args) -> dict:
 
 async def fair_share(reserve_slots: int, giant_requests: int = 1024,
                      giant_tokens: int = 4000, n_small: int = 5,
-                     timeout_s: float | None = None) -> dict:
+                     timeout_s: float | None = None, dispatch_reads: int | None = 2048) -> dict:
     """A small request's median latency while one client's call of `giant_requests` x
     `giant_tokens` runs (its rows half way through), over the same idle, on a server whose
-    continuous sampler keeps
-    `reserve_slots` slots from any one client (0: a giant call may take every slot). Past
-    `timeout_s` the loaded latency is reported as that (a lower bound, `timed_out`)."""
+    continuous sampler keeps `reserve_slots` slots from any one client (0: a giant call may
+    take every slot) and bounds a decode dispatch by `dispatch_reads` (None: 8 steps a
+    dispatch at every span). Past `timeout_s` the loaded latency is reported as that (a lower
+    bound, `timed_out`). Also the giant's own tokens/s while it runs alone (3/8 to 1/2 of its
+    way)."""
     tok = tiny_qwen3_tokenizer()
     cfg = models.tiny_config(vocab_size=len(tok))
     sampler = ContinuousSampler(cfg, models.init_params(cfg, seed=0), max_batch=16,
-                                max_len=giant_tokens + 96, reserve_slots=reserve_slots)
+                                max_len=giant_tokens + 96, reserve_slots=reserve_slots,
+                                dispatch_reads=dispatch_reads)
     runner = await start(ServerState(sampler=sampler, model_path="tiny", tokenizer=tok), port=0)
     url = f"http://127.0.0.1:{bound_port(runner)}"
     try:
@@ -167,13 +170,22 @@ async def fair_share(reserve_slots: int, giant_requests: int = 1024,
                     raise RuntimeError(f"the giant call ended early: {big.result()}")
                 await asyncio.sleep(0.01)
             held = len(sampler._live)
+
+            async def giant_at(tokens: int) -> tuple[int, float]:
+                """Wait until every giant row has `tokens` tokens; (engine tokens, time)."""
+                while min((len(j.ids) for j in sampler.engine._slots if j is not None),
+                          default=0) < tokens:
+                    if big.done():
+                        raise RuntimeError(f"the giant call ended early: {big.result()}")
+                    await asyncio.sleep(0.01)
+                return sampler.engine.stats["tokens"], time.perf_counter()
+            # The giant's own rate from 3/8 to 1/2 of the way: one cache span bucket, compiled
+            # before the window (a power of two below 3/8 of the way).
+            tokens0, t0 = await giant_at(giant_tokens * 3 // 8)
             # Measured once the giant's rows are half way: every step that runs them reads
             # their long cache span.
-            while min((len(j.ids) for j in sampler.engine._slots if j is not None),
-                      default=0) < giant_tokens // 2:
-                if big.done():
-                    raise RuntimeError(f"the giant call ended early: {big.result()}")
-                await asyncio.sleep(0.01)
+            tokens1, t1 = await giant_at(giant_tokens // 2)
+            giant_tps = (tokens1 - tokens0) / (t1 - t0)
             try:
                 loaded = await asyncio.wait_for(small_latency(http, url, n_small), timeout_s)
                 timed_out = False
@@ -188,6 +200,7 @@ async def fair_share(reserve_slots: int, giant_requests: int = 1024,
         await runner.cleanup()
     return {"idle_s": idle, "loaded_s": loaded, "ratio": loaded / idle, "giant_slots": held,
             "timed_out": timed_out, "held_steps": sampler.stats.get("held_steps", 0),
+            "giant_tokens_per_s": giant_tps,
             "steps": sampler.stats["steps"], "reruns": sampler.stats["reruns"]}
 
 
@@ -195,15 +208,22 @@ def run_fair_share(record: bool, giant_requests: int, giant_tokens: int,
                    reserve_0: bool) -> None:
     import os
     load = os.getloadavg()[0]
+    # The peer in the same run: the same server with 8 decode steps a dispatch at every span.
+    eight = asyncio.run(fair_share(1, giant_requests, giant_tokens, dispatch_reads=None))
     after = asyncio.run(fair_share(1, giant_requests, giant_tokens))
     line = (f"- {datetime.date.today()} serve fair share (continuous engine, tiny model, 16 "
             f"slots, max_len {giant_tokens + 96}; one call of {giant_requests} requests x "
             f"{giant_tokens} tokens in flight): a small request's latency (6 tokens) loaded / "
             f"idle = {after['ratio']:.1f}x with one slot kept for clients that hold none "
-            f"(reserve_slots=1) and steps shared by span (medians of 5, the same server: "
+            f"(reserve_slots=1), steps shared by span and a decode dispatch bounded to 2048 "
+            f"cache positions a row (serve's dispatch_reads; medians of 5, the same server: "
             f"{after['loaded_s']:.3f} s / {after['idle_s']:.3f} s; the giant held "
             f"{after['giant_slots']} slots; {after['held_steps']} of {after['steps']} steps "
-            f"held the giant's rows, {after['reruns']} reruns)")
+            f"held the giant's rows, {after['reruns']} reruns) vs {eight['ratio']:.1f}x with 8 "
+            f"decode steps a dispatch at every span ({eight['loaded_s']:.3f} s / "
+            f"{eight['idle_s']:.3f} s); the giant alone {after['giant_tokens_per_s']:.0f} vs "
+            f"{eight['giant_tokens_per_s']:.0f} tokens/s "
+            f"({after['giant_tokens_per_s'] / eight['giant_tokens_per_s']:.2f}x)")
     if reserve_0:
         # With every slot free to the giant, a small request waits for a giant row to finish:
         # one such request is measured there, for at most 5 minutes.

@@ -42,6 +42,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=ENGINES,
                    help="batcher: static batches, or continuous batching (requests join and "
                         "leave between decode steps; the default)")
+    p.add_argument("--dispatch-reads", type=at_least(1),
+                   help="continuous engine: cache positions one decode dispatch reads per row "
+                        "(steps x span; 2048): fewer decode steps a dispatch at long spans, so "
+                        "a new request waits less for the rows in flight")
     p.add_argument("--seed", type=int, help="--tiny init seed and sampler seed (0)")
     p.add_argument("--weight-version", help="default")
     p.add_argument("--served-model-name", help="orchestrax")

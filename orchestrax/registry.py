@@ -64,7 +64,8 @@ def _embedded(cfg: SamplerConfig, model: models.ModelConfig | None, params: Any)
         raise ValueError("SamplerConfig.backend='embedded' needs the model config and params")
     return make_embedded_sampler(cfg.engine, model, params, max_batch=cfg.max_batch,
                                  max_len=cfg.max_len, seed=cfg.seed,
-                                 weight_version=cfg.weight_version)
+                                 weight_version=cfg.weight_version,
+                                 dispatch_reads=cfg.dispatch_reads)
 
 
 def _sglang(cfg: SamplerConfig, model: models.ModelConfig | None, params: Any) -> Sampler:

@@ -82,12 +82,15 @@ def test_serve_flags_are_shorthands_of_its_config_fields(tmp_path):
     def cfg(*argv):
         return command_config(build_parser().parse_args(["serve", *argv]))
     flags = cfg("--tiny", "--max-len", "64", "--read-timeout", "5", "--weight-root", "/a",
-                "--weight-root", "/b", "--max-n", "3")
+                "--weight-root", "/b", "--max-n", "3", "--dispatch-reads", "512")
     sets = cfg("--set", "model=tiny", "--set", "max_len=64", "--set", "limits.read_timeout_s=5",
                "--set", "limits.idle_timeout_s=5", "--set", "weight_root=('/a', '/b')",
-               "--set", "limits.max_n=3")
+               "--set", "limits.max_n=3", "--set", "dispatch_reads=512")
     assert flags == sets == ServeConfig(max_len=64, weight_root=("/a", "/b"), limits=ServeLimits(
-        read_timeout_s=5.0, idle_timeout_s=5.0, max_n=3))
+        read_timeout_s=5.0, idle_timeout_s=5.0, max_n=3), dispatch_reads=512)
+    assert cfg("--tiny", "--set", "dispatch_reads=None").dispatch_reads is None
+    with pytest.raises(ValueError, match=r"ServeConfig.dispatch_reads=0; must be >= 1"):
+        cfg("--tiny", "--set", "dispatch_reads=0")
     (tmp_path / "serve.py").write_text(
         "from orchestrax.train.serve import ServeConfig\n"
         "def small():\n    return ServeConfig(model='tiny', max_batch=2)\n")

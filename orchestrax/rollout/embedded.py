@@ -398,7 +398,7 @@ class ContinuousSampler(EmbeddedSampler):
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
                  prefill_chunk: int = 512, decode_steps: int = 8, min_chunk: int = 16,
                  top_logprobs: int = MAX_TOP_LOGPROBS, prefix_cache: bool = True,
-                 reserve_slots: int = 1):
+                 reserve_slots: int = 1, dispatch_reads: int | None = None):
         if reserve_slots < 0:
             raise ValueError(f"ContinuousSampler.reserve_slots={reserve_slots}; must be >= 0")
         super().__init__(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
@@ -408,7 +408,8 @@ class ContinuousSampler(EmbeddedSampler):
         self.engine = ContinuousEngine(
             cfg, None, max_batch=max_batch, max_len=max_len,
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,
-            top_logprobs=top_logprobs, min_chunk=min_chunk, prefix_cache=prefix_cache)
+            top_logprobs=top_logprobs, min_chunk=min_chunk, prefix_cache=prefix_cache,
+            dispatch_reads=dispatch_reads)
         self._live: dict[str, _Pending] = {}    # engine rid -> caller, for rows in the engine
         # Free slots only a client that holds none may take (`_join_fairly`).
         self.reserve_slots = min(reserve_slots, max_batch - 1)
@@ -510,7 +511,7 @@ class ContinuousSampler(EmbeddedSampler):
             if key in self._live:
                 client = self._live[key].client
                 spans[client] = max(spans.get(client, 0), span)
-        run = self._share.choose(spans, self.engine.decode_steps) if spans else set()
+        run = self._share.choose(spans, self.engine.steps_at) if spans else set()
         return {key for key, p in self._live.items() if p.client not in run}
 
     async def _step(self) -> None:
@@ -609,11 +610,15 @@ def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:
 
 def make_embedded_sampler(engine: str, cfg: models.ModelConfig, params_or_getter: Any, *,
                           max_batch: int, max_len: int, seed: int = 0,
-                          weight_version: str = "0") -> EmbeddedSampler:
+                          weight_version: str = "0",
+                          dispatch_reads: int | None = None) -> EmbeddedSampler:
     """The embedded sampler `engine` names ("static" or "continuous"), with defaults for the
-    rest."""
+    rest (`dispatch_reads`: the continuous engine's, ignored by the static batcher)."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}; allowed: {ENGINES}")
-    kind = ContinuousSampler if engine == "continuous" else EmbeddedSampler
-    return kind(cfg, params_or_getter, max_batch=max_batch, max_len=max_len, seed=seed,
-                weight_version=weight_version)
+    if engine == "continuous":
+        return ContinuousSampler(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
+                                 seed=seed, weight_version=weight_version,
+                                 dispatch_reads=dispatch_reads)
+    return EmbeddedSampler(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
+                           seed=seed, weight_version=weight_version)

@@ -297,10 +297,11 @@ class ContinuousEngine:
 
     Synchronous and single-threaded: `submit` queues, `step` admits queued requests into free
     slots, runs one prefill chunk per prefilling slot and one decode dispatch (`decode_steps`
-    steps), and returns the requests that finished; `run` steps until idle. An async server
-    drives `step` from its own loop (`rollout.embedded.ContinuousSampler`). `on_tokens(rid,
-    new_ids, new_logprobs, new_top_logprobs, result)` is called with each request's new tokens
-    after every step; `result` is set on its last call.
+    steps; fewer at long spans when `dispatch_reads` is set, see `steps_at`), and returns the
+    requests that finished; `run` steps until idle. An async server drives `step` from its own
+    loop (`rollout.embedded.ContinuousSampler`). `on_tokens(rid, new_ids, new_logprobs,
+    new_top_logprobs, result)` is called with each request's new tokens after every step;
+    `result` is set on its last call.
 
     A request that fails on its own (its slot planning, its settings or prompt chunk, its
     row's host work or hook after a decode) is dropped with its slot and listed in `failures`
@@ -326,12 +327,16 @@ class ContinuousEngine:
     def __init__(self, cfg: models.ModelConfig, params: Any, *, max_batch: int = 64,
                  max_len: int = 4096, prefill_chunk: int = 512, decode_steps: int = 1,
                  top_logprobs: int = 0, min_chunk: int = 16, seed: int = 0,
-                 weight_version: str = "0", prefix_cache: bool = True):
+                 weight_version: str = "0", prefix_cache: bool = True,
+                 dispatch_reads: int | None = None):
         for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
                                 ("prefill_chunk", prefill_chunk, 1),
                                 ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1)):
             if value < lo:
                 raise ValueError(f"ContinuousEngine.{name}={value}; must be >= {lo}")
+        if dispatch_reads is not None and dispatch_reads < 1:
+            raise ValueError(f"ContinuousEngine.dispatch_reads={dispatch_reads}; must be >= 1 "
+                             "or None")
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"ContinuousEngine.top_logprobs={top_logprobs}; must be in "
                              f"[0, {MAX_TOP_LOGPROBS}]")
@@ -339,7 +344,7 @@ class ContinuousEngine:
         self.max_batch, self.max_len = max_batch, max_len
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
         self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
-        self.prefix_cache = prefix_cache
+        self.prefix_cache, self.dispatch_reads = prefix_cache, dispatch_reads
         self._rng = np.random.default_rng(seed)
         self._state: SlotState | None = None
         self._queue: list[_Job] = []
@@ -486,6 +491,15 @@ class ContinuousEngine:
         out = {j.rid: self._bucket(len(j.request.input_ids) + self.decode_steps)
                for j in self._queue}
         return out | {j.rid: self._bucket(self._need(j)) for j in self._slots if j is not None}
+
+    def steps_at(self, span: int) -> int:
+        """Decode steps in one dispatch whose rows read `span` cache positions: `decode_steps`,
+        or with `dispatch_reads` set, as many as keep steps x span within it (at least one).
+        Several steps a dispatch save host round trips while a step is cheap; at a long span
+        they would only make a request that arrives meanwhile wait longer for the engine."""
+        if self.dispatch_reads is None:
+            return self.decode_steps
+        return max(1, min(self.decode_steps, self.dispatch_reads // span))
 
     def _need(self, job: _Job) -> int:
         if job.prefilling:
@@ -651,9 +665,10 @@ class ContinuousEngine:
     def _decode_once(self, finished: list[GenerateResult], hold: Collection[str] = ()) -> None:
         keep = np.asarray([j is not None for j in self._slots])
         run = np.asarray([j is not None and j.rid not in hold for j in self._slots])
+        span = self.span(hold)
+        n_steps = self.steps_at(span)
         self._state, steps = _decode(self.cfg, self.params, self._state, keep, run,
-                                     n_steps=self.decode_steps, n_top=self.top_logprobs,
-                                     span=self.span(hold))
+                                     n_steps=n_steps, n_top=self.top_logprobs, span=span)
         self.stats["decode_dispatches"] += 1
         steps, live = jax.device_get((steps, self._state.live_R))
         for slot, job in enumerate(self._slots):

@@ -127,9 +127,10 @@ class StepShare:
     def __init__(self):
         self._vtime: dict[Hashable, float] = {}
 
-    def choose(self, spans: dict[Hashable, int], steps: int) -> set:
+    def choose(self, spans: dict[Hashable, int], steps_at: Callable[[int], int]) -> set:
         """`spans`: client -> the span its rows need (a client per key, every client holding
-        rows); the clients to run, each charged its span x `steps`."""
+        rows); the clients to run, each charged its span x the decode steps the step runs at
+        its span (`steps_at(span)`, the largest that runs)."""
         for c in [c for c in self._vtime if c not in spans]:
             del self._vtime[c]
         floor = min(self._vtime.values(), default=0.0)
@@ -137,6 +138,7 @@ class StepShare:
             self._vtime.setdefault(c, floor)
         first = min(spans, key=lambda c: (self._vtime[c], spans[c]))
         run = {c for c in spans if spans[c] <= spans[first]}
+        steps = steps_at(spans[first])
         for c in run:
             self._vtime[c] += spans[c] * steps
         return run

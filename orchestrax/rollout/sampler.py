@@ -106,13 +106,20 @@ class SamplerConfig:
     max_batch: int = 64                # embedded: rows decoded together
     max_len: int = 4096                # embedded: prompt + output tokens of one request
     seed: int = 0
+    # embedded continuous: cache positions a decode dispatch may read per row (steps x span);
+    # None: always its decode_steps (ContinuousEngine.steps_at)
+    dispatch_reads: int | None = None
     weight_version: str = "0"          # what results report until the first `publish`
     # HTTP backends that `publish`: a safetensors directory per version is written here
     weight_sync_dir: str | None = None
     tokenizer_dir: str | None = None   # copied next to each published version
 
     def __post_init__(self):
-        for name in ("max_batch", "max_len"):
+        for name, optional in (("max_batch", False), ("max_len", False),
+                               ("dispatch_reads", True)):
             value = getattr(self, name)
+            if optional and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SamplerConfig.{name}={value!r}; must be an int >= 1")
+                raise ValueError(f"SamplerConfig.{name}={value!r}; must be an int >= 1"
+                                 + (" or None" if optional else ""))

@@ -16,7 +16,7 @@ import signal
 import jax
 
 from orchestrax import models, registry
-from orchestrax.checks import at_least, one_of
+from orchestrax.checks import at_least, at_least_or_none, one_of
 from orchestrax.rollout.embedded import ENGINES
 from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
@@ -44,6 +44,10 @@ class ServeConfig:
     dtype: str = "float32"            # compute dtype
     param_dtype: str = "auto"         # see `param_dtype`
     engine: str = "continuous"
+    # continuous engine: cache positions one decode dispatch reads per row (steps x span), so a
+    # request that arrives while long rows decode waits for one short dispatch; None: 8 steps
+    # a dispatch at every span
+    dispatch_reads: int | None = 2048
     seed: int = 0                     # --tiny init seed and sampler seed
     weight_version: str = "default"
     served_model_name: str = "orchestrax"
@@ -59,6 +63,7 @@ class ServeConfig:
             one_of(self, name, getattr(self, name), allowed)
         at_least(self, 1, "max_batch")
         at_least(self, 2, "max_len")
+        at_least_or_none(self, 1, "dispatch_reads")
         at_least(self, 0, "port")
 
 
@@ -115,7 +120,8 @@ def build_state(args: ServeConfig) -> ServerState:
         model_path, template = args.model, None
     sampler = registry.build_sampler(SamplerConfig(
         backend="embedded", engine=args.engine, max_batch=args.max_batch, max_len=args.max_len,
-        weight_version=args.weight_version, seed=args.seed), cfg, params)
+        weight_version=args.weight_version, seed=args.seed,
+        dispatch_reads=args.dispatch_reads), cfg, params)
     # Weight updates load in the served dtype: the server refuses a tree whose dtypes differ.
     return ServerState(sampler=sampler, model_path=model_path, tokenizer=tokenizer,
                        tokenizer_path=tok_path, chat_template=template,
