@@ -1,7 +1,8 @@
 """What XLA makes of the shipped GPU configs on the cards they name, compiled on a CPU box.
 
-Each shipped config's GRPO step, SFT step, reference pass and sampler prefill / decode are
-lowered at the config's real shapes on abstract arguments and compiled for a GPU target that
+Each shipped config's GRPO step, SFT step, reference pass and the prefill / decode of the
+embedded sampler it names (`rollout.engine`: the continuous engine's slot steps, or the static
+batcher's prefill and decode chunk at its largest bucket) are lowered at the config's real shapes on abstract arguments and compiled for a GPU target that
 is not there (an H200, or an 8xH100 node, from ../shared/gpu_targets/*.txtpb); the table gives
 XLA's compiled memory per device (arguments, temporaries, their total with donated buffers
 counted once), plus what stays on the device outside that compile ("held": the frozen KL
@@ -36,6 +37,7 @@ import dataclasses
 import datetime
 import functools
 import importlib
+import math
 import os
 import pathlib
 import re
@@ -59,6 +61,7 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from orchestrax import models, parallel, rl  # noqa: E402
+from orchestrax.rollout import decode as static_mod  # noqa: E402
 from orchestrax.rollout import engine as engine_mod  # noqa: E402
 
 GIB = 2**30
@@ -69,6 +72,8 @@ if not TARGET_DIR.is_dir():
     TARGET_DIR = pathlib.Path("/work/shared/gpu_targets")
 # target name -> (card's target config, devices on the node)
 TARGETS = {"h200": ("h200.txtpb", 1), "8xh100": ("h100.txtpb", 8)}
+STATIC_MIN_BUCKET = 16       # EmbeddedSampler's min_bucket, as the trainer builds it
+STATIC_CHUNK = 64            # and its chunk_tokens: decode steps per dispatch
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -125,6 +130,16 @@ def model_for(tc, smoke: bool) -> models.ModelConfig:
     return models.preset(name, dtype=tc.dtype, remat=tc.remat, attention="cudnn")
 
 
+def static_worst_shape(max_len: int, max_new_tokens: int, lo: int) -> tuple[int, int]:
+    """(prompt bucket, new-token bucket) of the static batcher's largest KV cache: a prompt of
+    p tokens pads to bucket(p) and its budget min(max_new_tokens, max_len - p) to a bucket of
+    its own (rollout.embedded.EmbeddedSampler), so the cache can outgrow max_len."""
+    def buckets(p):
+        return (engine_mod.bucket(p, lo=lo, hi=max_len),
+                engine_mod.bucket(min(max_new_tokens, max_len - p), lo=lo, hi=max_len))
+    return max((buckets(p) for p in range(1, max_len)), key=sum)
+
+
 def shapes_for(tc, kind: str, smoke: bool) -> dict:
     """Rows and lengths of one compile at the config's real sizes (smoke: tiny ones)."""
     r = tc.rollout
@@ -132,9 +147,11 @@ def shapes_for(tc, kind: str, smoke: bool) -> dict:
     seq = 64 * -(-r.context_tokens // 64)                 # rl.batch.bucket_len
     if smoke:
         rows, seq = 2 * tc.grpo.num_minibatches * tc.grpo.num_microbatches, 128
+    max_len = r.context_tokens if not smoke else 256
     return {"rows": rows, "seq": seq, "sft_rows": tc.sft_batch if not smoke else rows,
-            "slots": r.sampler_max_batch if not smoke else 8,
-            "max_len": seq if not smoke else 256}
+            "slots": r.sampler_max_batch if not smoke else 8, "max_len": max_len,
+            "static": static_worst_shape(max_len, r.max_new_tokens if not smoke else 64,
+                                         lo=STATIC_MIN_BUCKET)}
 
 
 # --- what is compiled --------------------------------------------------------------------------
@@ -158,6 +175,14 @@ def lower_case(case: Case, devices, smoke: bool):
     # Held on the device besides what a compile's arguments count: the frozen reference
     # (compute-dtype copy) with a KL term, and the train state while the sampler runs.
     held_ref = _device_bytes(ref_params) if tc.grpo.kl_coef > 0 else 0
+    if case.kind in ("prefill", "decode"):
+        # The train state stays on the device while the sampler runs.
+        state = jax.eval_shape(lambda p: rl.init_state(p, tc.optim), p_shapes)
+        info["held"] = held_ref + _device_bytes(abstract(
+            state, rl.state_shardings(cfg, tc.optim, mesh)))
+        if tc.rollout.engine == "static":     # traced as the sampler runs it: no mesh rules
+            return _lower_static(case.kind, cfg.replace(remat="none"), ref_params, sh, mesh,
+                                 info)
     with parallel.activation_sharding(mesh):
         if case.kind in ("grpo", "sft"):
             sft = case.kind == "sft"
@@ -194,18 +219,14 @@ def lower_case(case: Case, devices, smoke: bool):
             info["rows"] = f"{b}x{sh['seq']}, {per} rows a pass"
             info["held"] = 0          # the reference is this compile's argument
             return fn.lower(ref_params, ids, ids), info
-        # Sampler: the engine's own jitted steps over its slot cache, on the compute-dtype copy
-        # of the weights it gets at every weight sync; the train state stays on the device.
-        scfg = cfg.replace(remat="none")
-        sp = ref_params
-        state = jax.eval_shape(lambda p: rl.init_state(p, tc.optim), p_shapes)
-        info["held"] = held_ref + _device_bytes(abstract(
-            state, rl.state_shardings(cfg, tc.optim, mesh)))
+        # Sampler: the continuous engine's own jitted steps over its slot cache, on the
+        # compute-dtype copy of the weights it gets at every weight sync.
+        scfg, sp = cfg.replace(remat="none"), ref_params
         slots, max_len = sh["slots"], sh["max_len"]
         st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
         st = abstract(st_shapes, parallel.tree_shardings(st_shapes,
                                                          engine_mod.state_logical_axes(), mesh))
-        info["rows"] = f"{slots} slots x {max_len}"
+        info["rows"] = f"continuous: {slots} slots x {max_len}"
         info["kv_layer_bytes"] = st_shapes.k.size * st_shapes.k.dtype.itemsize // (
             cfg.num_layers * len(devices))
         if case.kind == "prefill":
@@ -224,6 +245,38 @@ def lower_case(case: Case, devices, smoke: bool):
         info["rows"] += ", 1 step"
         return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
                                         span=max_len), info
+
+
+def _lower_static(kind: str, scfg, sp, sh: dict, mesh, info: dict):
+    """The static batcher (rollout/decode.py) at its largest bucket: `slots` rows, the prompt and
+    budget buckets of static_worst_shape. Its prompts and settings come from the host
+    (replicated); the cache is made inside `prefill`, laid out as XLA chooses, and the decode
+    chunk is compiled on the layout the prefill's compile gave it."""
+    rep = NamedSharding(mesh, PartitionSpec())
+    one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
+    b, (t, new) = sh["slots"], sh["static"]
+    f32, i32 = jnp.float32, jnp.int32
+    rows = static_mod.Rows(one((b,), f32), one((b,), i32), one((b,), f32), one((b,), jnp.uint32),
+                           one((b,), i32), one((b, 4), i32), one((b,), f32), one((b,), f32))
+    prefill = static_mod.prefill.lower(scfg, sp, one((b, t), i32), one((b, t), i32), rows,
+                                       total_len=t + new, n_top=0, penalize=False)
+    info["rows"] = f"static: {b} rows x ({t} + {new})"
+    k = prefill.out_info.cache["k"]
+
+    def kv_layer_bytes(compiled_prefill) -> int:   # one layer's k on one device, as laid out
+        shape = compiled_prefill.output_shardings.cache["k"].shard_shape(k.shape)
+        return math.prod(shape) * k.dtype.itemsize // scfg.num_layers
+
+    if kind == "prefill":
+        info["kv_layer_bytes_of"] = kv_layer_bytes
+        return prefill, info
+    compiled = prefill.compile()
+    info["kv_layer_bytes"] = kv_layer_bytes(compiled)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         prefill.out_info, compiled.output_shardings)
+    info["rows"] += f", {STATIC_CHUNK} steps"
+    return static_mod.decode_chunk.lower(scfg, sp, state, rows, one((b,), jnp.bool_),
+                                         chunk=STATIC_CHUNK, n_top=0, penalize=False), info
 
 
 def _device_bytes(tree) -> int:
@@ -321,7 +374,9 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
     m = compiled.memory_analysis()
     total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes)
-    facts = hlo_facts(compiled.as_text(), info.get("kv_layer_bytes"))
+    kv_layer = (info["kv_layer_bytes_of"](compiled) if "kv_layer_bytes_of" in info
+                else info.get("kv_layer_bytes"))
+    facts = hlo_facts(compiled.as_text(), kv_layer)
     remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
     try:
         cost = compiled.cost_analysis()

@@ -27,12 +27,27 @@ def test_gpu_compile_smoke(tmp_path):
     ref, decode_one, decode = rows
     # The reference pass picked cuDNN attention although this host's backend is the CPU.
     assert "config_one_h200/ref@1xh200" in ref and ref.split("|")[9].strip() == "1", ref
-    # Eight H100s: the decode step's collectives are there, its memory fits 80 GB.
-    assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
-    assert "all-gather" in decode, decode
-    # One H200: the decode step writes the donated slot cache in place, no copy or transpose of
-    # a layer's cache or more in the HLO XLA made for it (the engine before it had 5). Sharded
-    # over eight H100s the step still re-lays the cache out per layer (BUILD.md), so there the
-    # count is not asserted.
+    # One H200 runs the continuous engine: its decode step writes the donated slot cache in
+    # place, no copy or transpose of a layer's cache or more in the HLO XLA made for it (the
+    # engine before it had 5).
     assert "config_one_h200/decode@1xh200" in decode_one, decode_one
+    assert decode_one.split("|")[2].strip().startswith("continuous: 8 slots"), decode_one
     assert decode_one.split("|")[10].strip() == "0 (0.00 GiB)", decode_one
+    # config_embedded runs the static batcher: compiled at its largest bucket (smoke: 256-token
+    # context, 64-token budget), a 64-step chunk over eight H100s.
+    assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
+    assert "static: 8 rows x (256 + 64), 64 steps" in decode, decode
+
+
+def test_static_batchers_largest_cache_can_outgrow_max_len():
+    """The prompt and the budget pad to buckets of their own: at 24k context and 8192 new tokens
+    a 16,385-token prompt pads to 24,000 and its 7,615-token budget to 8,192 (by hand). Runs
+    without the plugin (a child process that points the plugin path nowhere)."""
+    code = ("import gpu_compile as g; print(g.static_worst_shape(24000, 8192, lo=16), "
+            "g.static_worst_shape(256, 64, lo=16), g.static_worst_shape(100, 100, lo=16))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT / "bench",
+                          env={**os.environ, "ORCHESTRAX_XLA_CUDA": "/nonexistent"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 100/100: a 33-token prompt pads to 64 and its 67-token budget to 128, capped at 100.
+    assert proc.stdout.split() == "(24000, 8192) (256, 64) (64, 100)".split(), proc.stdout
