@@ -63,10 +63,9 @@ def _peak_bytes() -> float | None:
     return None if not stats else stats.get("peak_bytes_in_use")
 
 
-def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+def train_setup(smoke: bool, seq: int, model: str = "qwen3-8b"):
+    """(model config, GRPOConfig, OptimizerConfig, rows) of a train section; also what
+    bench/gpu_compile.py compiles for the H200 to size it."""
     from orchestrax import models, rl
 
     if smoke:
@@ -82,15 +81,45 @@ def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
     # Qwen3-8B as config_one_h200 trains it (bf16 moments; fp32 Adam with its 30.5 GiB moments
     # compiles past the card's 133 GiB, bench/gpu_compile.py); Qwen3-4B with fp32 Adam.
     lean = "bfloat16" if model == "qwen3-8b" else None     # the smoke runs the same path
-    train = rl.make_train_step(cfg, gcfg, rl.OptimizerConfig(lr=1e-6, mu_dtype=lean,
-                                                             nu_dtype=lean))
-    state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
+    return cfg, gcfg, rl.OptimizerConfig(lr=1e-6, mu_dtype=lean, nu_dtype=lean), b
+
+
+def train_batch(cfg, b: int, seq: int) -> dict:
+    """A random GRPO batch of b rows of seq tokens (numpy), old logprobs given."""
+    import numpy as np
     rng = np.random.default_rng(0)
-    batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, seq)), jnp.int32),
-             "attention_mask": jnp.ones((b, seq), jnp.int32),
-             "loss_mask": jnp.ones((b, seq), jnp.float32),
-             "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
-             "old_logprobs": jnp.full((b, seq), -np.log(cfg.vocab_size), jnp.float32)}
+    return {"tokens": rng.integers(0, cfg.vocab_size, (b, seq)).astype(np.int32),
+            "attention_mask": np.ones((b, seq), np.int32),
+            "loss_mask": np.ones((b, seq), np.float32),
+            "advantages": rng.normal(size=b).astype(np.float32),
+            "old_logprobs": np.full((b, seq), -np.log(cfg.vocab_size), np.float32)}
+
+
+def sampler_setup(smoke: bool, concurrency: int):
+    """(model config, prompt tokens, new tokens, prefill chunk) of a sampler section; the
+    engine has `concurrency` slots of prompt + new positions and decodes 8 steps a dispatch."""
+    from orchestrax import models
+    if smoke:
+        cfg, prompt, new = models.tiny_config(), 8, 8
+    else:
+        cfg, prompt, new = models.preset("qwen3-8b", dtype="bfloat16",
+                                         param_dtype="bfloat16"), 256, 256
+    return cfg, prompt, new, max(prompt, 16)     # the whole prompt in one prefill chunk
+
+
+SAMPLER_DECODE_STEPS = 8
+
+
+def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
+    import jax
+    import jax.numpy as jnp
+    from orchestrax import models, rl
+
+    cfg, gcfg, ocfg, b = train_setup(smoke, seq, model)
+    tokens, micro = b * seq, gcfg.num_microbatches
+    train = rl.make_train_step(cfg, gcfg, ocfg)
+    state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
+    batch = {k: jnp.asarray(v) for k, v in train_batch(cfg, b, seq).items()}
     # One outer jit around the step so its compiled memory can be read and then run as is.
     t0 = time.perf_counter()
     step = jax.jit(lambda s, x: train.step(s, x), donate_argnums=0).lower(state, batch).compile()
@@ -104,7 +133,6 @@ def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
         jax.block_until_ready(state)
         times.append(time.perf_counter() - t0)
     t = sorted(times)[len(times) // 2]
-    n = models.num_params(cfg)
     chip = _chip()
     return {"what": f"train_step T={seq}", "model": f"tiny (as {model})" if smoke else model,
             "B": b, "T": seq, "micro": micro, "s_per_step": t, "tok_s": tokens / t,
@@ -120,15 +148,10 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     from orchestrax.rollout import engine as eng_mod
     from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 
-    if smoke:
-        cfg, prompt, new = models.tiny_config(), 8, 8
-    else:
-        cfg, prompt, new = models.preset("qwen3-8b", dtype="bfloat16",
-                                         param_dtype="bfloat16"), 256, 256
+    cfg, prompt, new, chunk = sampler_setup(smoke, concurrency)
     params = jax.jit(models.init_params, static_argnums=0)(cfg)
-    chunk = max(prompt, 16)                        # the whole prompt in one prefill chunk
     engine = eng_mod.ContinuousEngine(cfg, params, max_batch=concurrency, max_len=chunk + new,
-                                      prefill_chunk=chunk, decode_steps=8)
+                                      prefill_chunk=chunk, decode_steps=SAMPLER_DECODE_STEPS)
     rng = np.random.default_rng(0)
 
     def requests(n_new):
@@ -166,7 +189,8 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     floor_s = steps_bytes / HBM_BYTES_PER_S[chip] if chip else None
     compiled = eng_mod._decode.lower(cfg, params, engine._state,
                                      np.ones((concurrency,), bool),
-                                     np.ones((concurrency,), bool), n_steps=8, n_top=0,
+                                     np.ones((concurrency,), bool),
+                                     n_steps=SAMPLER_DECODE_STEPS, n_top=0,
                                      span=engine.max_len).compile()
     return {"what": f"sampler@{concurrency}", "model": "tiny" if smoke else "qwen3-8b",
             "requests": concurrency, "prompt": prompt, "new": new, "wall_s": wall,
@@ -191,15 +215,18 @@ def section_pool(smoke: bool, workers: int) -> dict:
             "episodes": len(trajs)}
 
 
-SECTIONS = {"train": section_train, "train4b": functools.partial(section_train, model="qwen3-4b"),
+TRAIN_MODELS = {"train": "qwen3-8b", "train4b": "qwen3-4b"}
+SECTIONS = {**{name: functools.partial(section_train, model=m) for name, m in TRAIN_MODELS.items()},
             "sampler": section_sampler, "pool": section_pool}
 
 
 def plan(smoke: bool) -> list[tuple[str, int, int]]:
     """(section, argument, timeout s); the timeouts add up to 460 s (<= 8 minutes). Sized from
-    bench/gpu_compile.py's compiles for the H200: the 8B step at 16k tokens with bf16 moments
-    and in-place accumulation stays under 110 GiB; a section's first call compiles (~20-40 s
-    for 8B on a 16-core host, then from the compilation cache)."""
+    bench/gpu_compile.py's compiles of these sections for the H200 (its `bench` rows, 133.4 GiB
+    usable): the 8B step at 4 x 4k tokens with bf16 moments 97.4 GiB, the 4B one with fp32 Adam
+    64.9, the engine's decode 20.2 at 64 slots of 512 and 34.2 at 256, no KV copy in it; a
+    section's first call compiles (~20-40 s for 8B on a 16-core host, then from the
+    compilation cache)."""
     if smoke:
         # Every section the GPU run has (tiny presets), so a typo cannot first show on a GPU.
         return [("train", 32, 240), ("train4b", 32, 240), ("sampler", 4, 240),

@@ -9,7 +9,9 @@ counted once), plus what stays on the device outside that compile ("held": the f
 reference during the GRPO step; the train state and reference while the embedded sampler
 runs), against the usable memory of the card, and what the optimized HLO holds: cuDNN
 attention calls, big copies in the decode step (a whole-cache or per-layer KV copy, a weight
-copy), collectives, and whether XLA warned of an "involuntary full rematerialization".
+copy), collectives, and whether XLA warned of an "involuntary full rematerialization". The
+`bench` rows are bench/gpu.py's train and sampler sections, built by its own code, on one H200:
+what a lent GPU would run must fit before it is lent.
 
 Setup, once (CUDA compile plugin of the venv's JAX; ~400 MB of wheels, no driver needed; kept
 out of the venv so nothing else picks a CUDA backend):
@@ -37,6 +39,7 @@ import dataclasses
 import datetime
 import functools
 import importlib
+import importlib.util
 import math
 import os
 import pathlib
@@ -93,7 +96,8 @@ class Case:
 
 def cases() -> list[Case]:
     """The shipped GPU configs: the 8-GPU node splits 4 trainer + 4 SGLang GPUs (`config`) or
-    runs all 8 as trainer and embedded sampler (`config_embedded`); one H200 does both."""
+    runs all 8 as trainer and embedded sampler (`config_embedded`); one H200 does both. Then
+    bench/gpu.py's plan."""
     out = []
     for kind in ("grpo", "sft", "ref", "prefill", "decode"):
         out.append(Case("qwen3_8b_gpu.config_one_h200", "h200", 1, kind))
@@ -101,7 +105,19 @@ def cases() -> list[Case]:
         out.append(Case("qwen3_8b_gpu.config_embedded", "8xh100", 8, kind))
     for kind in ("grpo", "ref"):
         out.append(Case("qwen3_8b_gpu.config", "8xh100", 4, kind))
+    # bench/gpu.py's train and sampler sections, as a lent H200 would run them.
+    for name, arg, _ in _bench_gpu().plan(smoke=False):
+        if name in _bench_gpu().TRAIN_MODELS or name == "sampler":
+            out.append(Case(f"gpu.{name}:{arg}", "h200", 1, "bench"))
     return out
+
+
+@functools.cache
+def _bench_gpu():
+    spec = importlib.util.spec_from_file_location("bench_gpu", HERE / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # --- targets and abstract inputs ---------------------------------------------------------------
@@ -156,6 +172,8 @@ def shapes_for(tc, kind: str, smoke: bool) -> dict:
 
 # --- what is compiled --------------------------------------------------------------------------
 def lower_case(case: Case, devices, smoke: bool):
+    if case.kind == "bench":
+        return _lower_bench(case, devices, smoke)
     mod_name, fn_name = case.config.rsplit(".", 1)
     tc = getattr(importlib.import_module(f"configs.{mod_name}"), fn_name)()
     cfg = model_for(tc, smoke)
@@ -245,6 +263,40 @@ def lower_case(case: Case, devices, smoke: bool):
         info["rows"] += ", 1 step"
         return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
                                         span=max_len), info
+
+
+def _lower_bench(case: Case, devices, smoke: bool):
+    """A bench/gpu.py section's step on one GPU as the section builds it (no mesh, no rules)."""
+    gpu = _bench_gpu()
+    name, arg = case.config.split(".", 1)[1].split(":")
+    arg = int(arg)
+    rep = NamedSharding(Mesh(devices, ("d",)), PartitionSpec())
+    on = lambda tree: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), tree)
+    info = {"held": 0}
+    if name in gpu.TRAIN_MODELS:
+        cfg, gcfg, ocfg, b = gpu.train_setup(smoke, arg, gpu.TRAIN_MODELS[name])
+        cfg = cfg.replace(attention="cudnn")
+        train = rl.make_train_step(cfg, gcfg, ocfg)
+        p_shapes = jax.eval_shape(lambda: models.init_params(cfg))
+        state = on(jax.eval_shape(lambda p: rl.init_state(p, ocfg), p_shapes))
+        model = gpu.TRAIN_MODELS[name] if not smoke else f"tiny as {gpu.TRAIN_MODELS[name]}"
+        info["rows"] = (f"{model}: {b}x{arg}, {gcfg.num_microbatches} micro, "
+                        f"Adam moments {ocfg.mu_dtype or 'float32'}")
+        return jax.jit(lambda s, x: train.step(s, x), donate_argnums=0).lower(
+            state, on(gpu.train_batch(cfg, b, arg))), info
+    # The decode step's attention reads a cache: the chunked path on any backend.
+    cfg, prompt, new, chunk = gpu.sampler_setup(smoke, arg)
+    max_len = chunk + new
+    params = on(jax.eval_shape(lambda: models.init_params(cfg)))
+    st = on(jax.eval_shape(lambda: engine_mod.init_state(cfg, arg, max_len)))
+    keep = jax.ShapeDtypeStruct((arg,), jnp.bool_, sharding=rep)
+    info["rows"] = (f"continuous: {arg} slots x {max_len}, {gpu.SAMPLER_DECODE_STEPS} decode "
+                    "steps")
+    info["kv_layer_bytes"] = st.k.size * st.k.dtype.itemsize // cfg.num_layers
+    return engine_mod._decode.lower(cfg, params, st, keep, keep,
+                                    n_steps=gpu.SAMPLER_DECODE_STEPS, n_top=0,
+                                    span=max_len), info
 
 
 def _lower_static(kind: str, scfg, sp, sh: dict, mesh, info: dict):
@@ -387,7 +439,7 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
     return {"case": case, "rows": info["rows"], "args": m.argument_size_in_bytes,
             "temps": m.temp_size_in_bytes, "total": total, "held": info["held"],
             "usable": usable, "fits": total + info["held"] <= usable, "remat_warnings": remat, "compile_s": seconds,
-            "bytes_accessed": accessed, **facts}
+            "bytes_accessed": accessed, "kv_layer": kv_layer, **facts}
 
 
 # --- table -------------------------------------------------------------------------------------
@@ -398,7 +450,7 @@ HEADER = ("| case | shape | args GiB | temps GiB | total GiB | + held GiB | usab
 
 def row(r: dict) -> str:
     coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
-    copies = "-" if r["case"].kind not in ("decode", "prefill") else (
+    copies = "-" if r["kv_layer"] is None else (
         f"{r['big_copies']} ({r['big_copy_bytes'] / GIB:.2f} GiB)")
     return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "
             f"| {r['total'] / GIB:.1f} | {r['held'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "

@@ -18,13 +18,14 @@ PLUGIN = pathlib.Path(os.environ.get("ORCHESTRAX_XLA_CUDA", "/opt/xla-cuda").spl
 def test_gpu_compile_smoke(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_compile.py"), "--smoke", "--only",
-         "one_h200/ref,one_h200/decode,embedded/decode", "--results", str(tmp_path / "RESULTS.md")],
+         "one_h200/ref,one_h200/decode,embedded/decode,sampler:256/bench", "--results",
+         str(tmp_path / "RESULTS.md")],
         capture_output=True, text=True, timeout=900, env={**os.environ, "XLA_FLAGS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "RESULTS.md").read_text()
-    rows = [ln for ln in table.splitlines() if ln.startswith("| config")]
-    assert len(rows) == 3 and "FAILED" not in table, table
-    ref, decode_one, decode = rows
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert len(rows) == 4 and "FAILED" not in table, table
+    ref, decode_one, decode, bench = rows
     # The reference pass picked cuDNN attention although this host's backend is the CPU.
     assert "config_one_h200/ref@1xh200" in ref and ref.split("|")[9].strip() == "1", ref
     # One H200 runs the continuous engine: its decode step writes the donated slot cache in
@@ -37,6 +38,9 @@ def test_gpu_compile_smoke(tmp_path):
     # context, 64-token budget), a 64-step chunk over eight H100s.
     assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
     assert "static: 8 rows x (256 + 64), 64 steps" in decode, decode
+    # bench/gpu.py's sampler section at 256 requests, as its own code builds the engine.
+    assert "sampler:256/bench@1xh200" in bench and "continuous: 256 slots" in bench, bench
+    assert bench.split("|")[10].strip() == "0 (0.00 GiB)", bench
 
 
 def test_static_batchers_largest_cache_can_outgrow_max_len():
