@@ -86,6 +86,37 @@ def test_one_update_uses_its_own_logprobs_as_the_old_ones():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_one_epoch_scores_old_logprobs_only_for_the_later_minibatches(monkeypatch):
+    """One epoch of M minibatches: the first update's rows take their own logprobs as the old
+    ones, so the separate pass scores M-1 minibatches; the step equals the one given the old
+    logprobs of the params before it. Two epochs, or reshuffled rows, score all M."""
+    cfg = models.tiny_config(remat="full")
+    # Later minibatches given their own logprobs as the old ones move the params by ~3e-3 here.
+    ocfg = rl.OptimizerConfig(lr=1e-3)
+    batch = _batch(cfg, b=8)
+    scored = []
+    real = ts._old_logprobs
+    monkeypatch.setattr(ts, "_old_logprobs", lambda mcfg, gcfg, params, mb: (
+        scored.append(mb["tokens"].shape), real(mcfg, gcfg, params, mb))[1])
+    gcfg = rl.GRPOConfig(num_minibatches=4, num_microbatches=2, compute_entropy=False)
+    s_self, m_self = _run(cfg, gcfg, ocfg, batch)
+    assert scored == [(3, 2, 1, 24)]
+    old = models.token_logprobs(cfg, models.init_params(cfg), batch["tokens"],
+                                batch["attention_mask"])
+    s_given, m_given = _run(cfg, gcfg, ocfg, {**batch, "old_logprobs": old})
+    assert float(m_self["log_ratio_absmax_first"]) == 0.0
+    assert float(m_self["log_ratio_absmax_max"]) > 1e-3     # later updates are off-policy
+    np.testing.assert_allclose(m_self["loss"], m_given["loss"], rtol=1e-5, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(s_self.params), jax.tree.leaves(s_given.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    scored.clear()
+    _run(cfg, rl.GRPOConfig(num_minibatches=4, num_microbatches=2, ppo_epochs=2,
+                            compute_entropy=False), ocfg, batch)
+    _run(cfg, rl.GRPOConfig(num_minibatches=4, num_microbatches=2, shuffle_seed=0,
+                            compute_entropy=False), ocfg, batch)
+    assert scored == [(4, 2, 1, 24)] * 2
+
+
 def test_stochastic_rounding_is_unbiased_where_nearest_is_not():
     x = jnp.full((200_000,), 1.0 + 2.0**-10, jnp.float32)   # a quarter ulp above 1 in bf16
     nearest = x.astype(jnp.bfloat16).astype(jnp.float32)

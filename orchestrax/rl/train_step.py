@@ -5,9 +5,10 @@ state.
 Letters: B sequences, T tokens, E epochs, M minibatches, K micro-batches, b = B // (M·K) rows each.
 Batch (all [B,T] aligned with `tokens`, position t = token t predicted from tokens < t):
   tokens int32, attention_mask, loss_mask (1 on policy tokens), advantages [B],
-  optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: with one update
-  per call, that update's own logprobs under stop-gradient, so no extra pass; with more, recomputed
-  with the current params before the first update), sampler_logprobs (gap metric, truncated IS),
+  optional: sample_mask [B] (filters; 0 = no gradient), old_logprobs (absent: the first
+  update's own logprobs under stop-gradient for its rows, so one update per call has no extra
+  pass; the rows of later updates are scored with the current params before the first update,
+  or every row when the rows are reshuffled or revisited), sampler_logprobs (gap metric, TIS),
   ref_logprobs (needed when kl_coef > 0), rollout_ids [B] (int, the rollout of each row when rows
   are turns: agg="rollout-turn-token-mean"); objective "sft" only: segment_ids + positions for
   packed rows (several sequences per row, each attending only to itself; models.hidden_states).
@@ -177,6 +178,20 @@ def _old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch) -> jax.Array:
     return jax.lax.stop_gradient(old.reshape(shape))
 
 
+def _with_old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch) -> Batch:
+    """mb with the old logprobs of a call that makes several updates. With one epoch and no
+    reshuffle the first minibatch is updated first, on these very params: its rows take their
+    own logprobs under stop-gradient in the update (`old_is_current`) and only the later
+    minibatches are scored here, (M-1)/M of a forward pass instead of a whole one."""
+    if gcfg.ppo_epochs > 1 or gcfg.shuffle_seed is not None:
+        return {**mb, "old_logprobs": _old_logprobs(mcfg, gcfg, params, mb)}
+    later = _old_logprobs(mcfg, gcfg, params, {k: mb[k][1:] for k in ("tokens",
+                                                                      "attention_mask")})
+    m, k = mb["tokens"].shape[:2]
+    return {**mb, "old_logprobs": jnp.concatenate([jnp.zeros_like(later[:1]), later]),
+            "old_is_current": jnp.broadcast_to((jnp.arange(m) == 0)[:, None], (m, k))}
+
+
 def reference_logprobs(mcfg, gcfg: GRPOConfig, params, tokens_BT: jax.Array,
                        attention_mask_BT: jax.Array, rows: int) -> jax.Array:
     """[B, T] logprobs of a batch scored `rows` rows at a time (a micro-batch's memory, not the
@@ -213,9 +228,13 @@ def _loss_of_logprobs(x: Batch, gcfg: GRPOConfig) -> Callable:
         with jax.named_scope("loss"):
             if gcfg.objective == "sft":
                 return sft_loss(logp, x["mask"], weights=x["w"])
-            # One update per call: the params being differentiated are the ones that would
-            # have scored the old logprobs, so those are this pass's values under stop-gradient.
-            old = x["old_logprobs"] if "old_logprobs" in x else jax.lax.stop_gradient(logp)
+            # The first update of a call differentiates the params that would have scored the
+            # old logprobs, so for its rows those are this pass's values under stop-gradient.
+            old = jax.lax.stop_gradient(logp)
+            if "old_is_current" in x:
+                old = jnp.where(x["old_is_current"], old, x["old_logprobs"])
+            elif "old_logprobs" in x:
+                old = x["old_logprobs"]
             return policy_loss_weighted(
                 logp, old, x["advantages"], x["mask"], x["w"], x["mw"],
                 clip_low=gcfg.clip_low, clip_high=gcfg.clip_high, dual_clip=gcfg.dual_clip,
@@ -313,7 +332,7 @@ def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
     mb, keep_B = _minibatches(batch, gcfg, mesh, rules)
     if (gcfg.objective == "grpo" and "old_logprobs" not in batch
             and gcfg.ppo_epochs * gcfg.num_minibatches > 1):
-        mb["old_logprobs"] = _old_logprobs(mcfg, gcfg, state.params, mb)
+        mb = _with_old_logprobs(mcfg, gcfg, state.params, mb)
     if gcfg.shuffle_seed is None:
         mb = _with_loss_weights(mb, gcfg)
     add_grads = functools.partial(_add_micro_grads, mcfg=mcfg, gcfg=gcfg)
