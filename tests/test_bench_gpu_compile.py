@@ -34,10 +34,9 @@ def test_gpu_compile_smoke(tmp_path):
     assert "config_one_h200/decode@1xh200" in decode_one, decode_one
     assert decode_one.split("|")[2].strip().startswith("continuous: 8 slots"), decode_one
     assert decode_one.split("|")[10].strip() == "0 (0.00 GiB)", decode_one
-    # config_embedded runs the static batcher: compiled at its largest bucket (smoke: 256-token
-    # context, 64-token budget), a 64-step chunk over eight H100s.
+    # config_embedded runs the default batcher, the continuous engine, over eight H100s.
     assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
-    assert "static: 8 rows x (256 + 64), 64 steps" in decode, decode
+    assert "continuous: 8 slots x 256, 1 step" in decode, decode
     # bench/gpu.py's sampler section at 256 requests, as its own code builds the engine.
     assert "sampler:256/bench@1xh200" in bench and "continuous: 256 slots" in bench, bench
     assert bench.split("|")[10].strip() == "0 (0.00 GiB)", bench

@@ -286,18 +286,18 @@ def test_eval_takes_the_runs_eval_sampling_and_says_so(tmp_path):
 
     run = tmp_path / "run"
     write_tiny_run(run, name="t", env=RoutingConfig(num_eval=4),
-                   rollout=RolloutConfig(engine="continuous", seconds_per_token=0.05),
+                   rollout=RolloutConfig(engine="static", seconds_per_token=0.05),
                    eval_samples=3, eval_temperature=0.7, eval_tasks=2)
     saved = json.loads((run / "train_config.json").read_text())   # the fixture's seed is the
     (run / "train_config.json").write_text(json.dumps(saved | {"seed": 5}))  # model's: set the run's
     used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",)))
     assert {k: used[k] for k in ("temperature", "samples", "seed", "eval_tasks", "engine",
                                  "seconds_per_token")} == {
-        "temperature": 0.7, "samples": 3, "seed": 5, "eval_tasks": 2, "engine": "continuous",
+        "temperature": 0.7, "samples": 3, "seed": 5, "eval_tasks": 2, "engine": "static",
         "seconds_per_token": 0.05}
     assert notes[0].startswith("eval settings: enable_thinking=True max_new_tokens=2048 "
                                "max_turns=50 context_tokens=24000 temperature=0.7 samples=3 "
-                               "seed=5 seconds_per_token=0.05 engine=continuous eval_tasks=2 ")
+                               "seed=5 seconds_per_token=0.05 engine=static eval_tasks=2 ")
     assert len(notes) == 1
     used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",), samples=1,
                                                seed=0))

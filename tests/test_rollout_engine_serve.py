@@ -250,8 +250,11 @@ def test_engine_and_remat_options_are_validated_and_applied(tmp_path):
     assert model_cfg.remat == "full" and model_cfg.vocab_size == CFG.vocab_size
     sampler = registry.build_sampler(setup.sampler_config(run), model_cfg, p)
     assert isinstance(sampler, ContinuousSampler) and sampler.max_batch == 2
-    static = registry.build_sampler(setup.sampler_config(run.replace(rollout=RolloutConfig())),
-                                    model_cfg, p)
+    default = registry.build_sampler(setup.sampler_config(run.replace(rollout=RolloutConfig())),
+                                     model_cfg, p)
+    assert type(default) is ContinuousSampler
+    static = registry.build_sampler(setup.sampler_config(run.replace(
+        rollout=RolloutConfig(engine="static"))), model_cfg, p)
     assert type(static) is EmbeddedSampler
 
 

@@ -133,7 +133,7 @@ _FLAG = {"enable_thinking": "--thinking-on/--no-thinking", "max_new_tokens": "--
          "temperature": "--temperature", "samples": "--samples", "seed": "--seed",
          "seconds_per_token": "--seconds-per-token"}
 # Followed from the run with no flag of their own (its eval's sampler and task set).
-_RUN_ONLY = {"top_p": 1.0, "top_k": -1, "engine": "static", "sampler_max_batch": 64,
+_RUN_ONLY = {"top_p": 1.0, "top_k": -1, "engine": "continuous", "sampler_max_batch": 64,
              "eval_tasks": None, "eval_sheet": None}
 
 

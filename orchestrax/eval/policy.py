@@ -159,7 +159,7 @@ PARAM_DTYPES = ("float32", "bfloat16")   # what serve's --param-dtype offers
 def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = None,
                 api_key_env: str | None = None, dtype: str = "float32",
                 param_dtype: str = "float32", max_len: int = 32_768, max_batch: int = 64,
-                seed: int = 0, engine: str = "static") -> Policy:
+                seed: int = 0, engine: str = "continuous") -> Policy:
     """`spec`: `openai:URL` (needs `model`), `sglang:URL` (needs `tokenizer`), or a directory
     (an HF checkpoint or a training run's out_dir) for the embedded sampler, which computes in
     `dtype` and holds its params in `param_dtype` (a run's fp32 master weights are cast as they

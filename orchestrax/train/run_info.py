@@ -79,7 +79,7 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
         out = {k: rollout[k] for k in EPISODE_KEYS}
         out |= {"top_p": float(rollout.get("top_p", 1.0)), "top_k": int(rollout.get("top_k", -1)),
                 "seconds_per_token": rollout.get("seconds_per_token"),
-                "engine": str(rollout.get("engine", "static")),
+                "engine": str(rollout.get("engine", "continuous")),
                 "sampler_max_batch": int(rollout.get("sampler_max_batch", 64))}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None

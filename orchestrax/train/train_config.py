@@ -54,9 +54,9 @@ class RolloutConfig:
     workers: int = 0                        # 0: episodes on the trainer's event loop; N: an
                                             # EpisodePool of N processes (see train/rollouts.py)
     sampler_max_batch: int = 64             # embedded sampler batch
-    # embedded sampler's batcher: "static" (a batch runs to its longest row) or "continuous"
-    # (requests join and leave between decode steps; rollout/engine.py)
-    engine: str = "static"
+    # embedded sampler's batcher: "continuous" (requests join and leave between decode steps;
+    # rollout/engine.py) or "static" (a batch runs to its longest row)
+    engine: str = "continuous"
     weight_sync_dir: str = "/tmp/orchestrax_weights"  # sglang: HF dirs written here per step
     # The policy's generation speed in the reward's latency feature: the clock charges this per
     # generated token (deterministic; measured sampler time is a metric only). 0.03 s: Qwen3-8B
