@@ -27,7 +27,7 @@ def test_episode_with_embedded_sampler_matches_trainer_logprobs():
                            sampling=SamplingParams(temperature=1.0, sampling_seed=7))
 
     async def main():
-        sampler = embedded.EmbeddedSampler(cfg, params, max_batch=4, max_len=512)
+        sampler = embedded.ContinuousSampler(cfg, params, max_batch=4, max_len=512)
         try:
             return await run_episode(sampler, tok, task, [SleepTool("search")], config=config)
         finally:

@@ -214,8 +214,8 @@ def test_a_random_tiny_qwen3_plays_the_protocol_token_in_token_out(qa_set):
     tok = tiny_qwen3_tokenizer()
     codec = Codec(tok)
     cfg = models.tiny_config(vocab_size=len(tok))
-    sampler = registry.build_sampler(SamplerConfig(backend="embedded", engine="static",
-                                                   max_batch=1, max_len=2048),
+    sampler = registry.build_sampler(SamplerConfig(backend="embedded", max_batch=1,
+                                                   max_len=2048),
                                      cfg, models.init_params(cfg, 0))
     policy = TokenPolicy(sampler, tok, name="random")
     pool = ExpertPool({}, codec, retriever=tool_retriever(search))

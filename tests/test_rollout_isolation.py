@@ -12,7 +12,7 @@ from loopback import post, run_serve
 
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.server import ServerState
 from orchestrax.rollout.validate import ServeLimits
 
@@ -25,9 +25,9 @@ PROMPT = [5, 17, 40, 99, 3]
 def run(fn, *, sampler_kw=None, **state_kw):
     """`fn(http, url, state)` against a tiny model's server; `state_kw` override ServerState's."""
     def make_state():
-        kw = dict(max_batch=8, max_len=96, min_bucket=32) | (sampler_kw or {})
-        return ServerState(**{"sampler": EmbeddedSampler(CFG, PARAMS, **kw), "model_path": "tiny",
-                              "tokenizer": TOK} | state_kw)
+        kw = dict(max_batch=8, max_len=96) | (sampler_kw or {})
+        return ServerState(**{"sampler": ContinuousSampler(CFG, PARAMS, **kw),
+                              "model_path": "tiny", "tokenizer": TOK} | state_kw)
     return run_serve(make_state, fn)
 
 
@@ -45,9 +45,9 @@ def test_a_bad_request_fails_alone_and_its_batch_mates_are_unchanged():
         together = await asyncio.gather(*(post(http, url, b) for b in good + bad))
         return alone, together, st.sampler.stats
 
-    # gather_s makes the sampler wait for concurrent arrivals, so all six would share a batch
-    # (with seeds, the good ones' tokens do not depend on how they were batched).
-    alone, together, stats = run(fn, sampler_kw={"gather_s": 0.5})
+    # The six arrive together and would share engine steps (with seeds, the good ones' tokens do
+    # not depend on who shares their steps).
+    alone, together, stats = run(fn)
     assert [s for s, _ in together] == [200] * 4 + [400, 400]
     assert [b["output_ids"] for _, b in together[:4]] == [b["output_ids"] for _, b in alone]
     for _, b in together[4:]:
@@ -152,20 +152,20 @@ def test_a_disconnected_client_stops_its_rows():
     async def fn(http, url, st):
         body = gen({"max_new_tokens": 90, "temperature": 1.0, "n": 8})
         task = asyncio.create_task(post(http, url, body))
-        while st.sampler.stats["tokens"] == 0 and not st.sampler._running:
+        while st.sampler.stats["tokens"] == 0:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.05)
         task.cancel()  # closes the connection: the client left
         for _ in range(400):
-            if st.sampler.outstanding == 0 and not st.sampler._running:
+            if st.sampler.outstanding == 0 and not st.sampler.engine.busy:
                 break
             await asyncio.sleep(0.01)
-        return st.sampler.outstanding, st.sampler.stats
+        return st.sampler.outstanding, st.sampler.engine.busy, st.sampler.stats
 
-    outstanding, stats = run(fn, sampler_kw={"chunk_tokens": 2, "max_len": 256})
-    assert outstanding == 0 and stats["batches"] == 1
-    # 8 rows x 90 tokens were asked for; the batch ended once its client was gone.
-    assert stats["tokens"] < 8 * 90
+    outstanding, busy, stats = run(fn, sampler_kw={"decode_steps": 2, "max_len": 256})
+    assert outstanding == 0 and not busy
+    # 8 rows x 90 tokens were asked for; they left the engine once their client was gone.
+    assert stats["tokens"] < 8 * 90 and stats["requests"] == 0
 
 
 def test_half_open_connections_are_closed():

@@ -4,7 +4,7 @@ from loopback import run_serve
 
 from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
-from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.server import ServerState
 
 TOK = tiny_qwen3_tokenizer()
@@ -13,8 +13,8 @@ CFG = models.tiny_config(vocab_size=len(TOK))
 
 def run(fn):
     def make_state():
-        sampler = EmbeddedSampler(CFG, models.init_params(CFG, seed=0), max_batch=4, max_len=64,
-                                  min_bucket=16, weight_version="v7")
+        sampler = ContinuousSampler(CFG, models.init_params(CFG, seed=0), max_batch=4,
+                                    max_len=64, weight_version="v7")
         return ServerState(sampler=sampler, model_path="tiny", tokenizer=TOK)
     return run_serve(make_state, lambda http, url, state: fn(http, url))
 

@@ -203,7 +203,7 @@ def test_bodies_are_parsed_and_checked_off_the_event_loop(monkeypatch):
         return await post(http, url, {"input_ids": [5] * 50, "sampling_params":
                                       {"max_new_tokens": 2}})
 
-    status, _ = serve("static", fn)
+    status, _ = serve("continuous", fn)
     assert status == 200 and threads == [False, False]
 
 

@@ -12,7 +12,7 @@ from orchestrax import models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import protocol
 from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
-from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.server import ServerState
 from orchestrax.rollout.sglang_client import SGLangClient, SGLangClientConfig
 from orchestrax.rollout.weight_sync import WeightSync
@@ -29,9 +29,8 @@ def params(seed):
 def run(fn, **state_kw):
     """`fn(http, url, sampler)` against a tiny model's server; `state_kw` go to ServerState."""
     def make_state():
-        # Small decode chunks, so streamed answers arrive in several pieces.
-        sampler = EmbeddedSampler(CFG, params(0), max_batch=8, max_len=96, min_bucket=32,
-                                  chunk_tokens=4)
+        # Small engine steps, so streamed answers arrive in several pieces.
+        sampler = ContinuousSampler(CFG, params(0), max_batch=8, max_len=96, decode_steps=4)
         return ServerState(sampler=sampler, model_path="tiny", tokenizer=TOK, **state_kw)
     return run_serve(make_state, lambda http, url, state: fn(http, url, state.sampler))
 
@@ -104,10 +103,13 @@ def test_stream_info_health_flush_abort_and_models():
         return events, info, sinfo, codes, mods
     events, info, sinfo, codes, mods = run(fn)
     assert events[-1] == "data: [DONE]"
-    assert len(json.loads(events[0][len("data: "):])["output_ids"]) == 3
+    # Cumulative: the prefill's token, then the 2 of the next engine step, with the result.
+    data = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert [len(d["output_ids"]) for d in data] == [1, 3]
+    assert data[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert info["weight_version"] == "0" and info["is_generation"] is True
     assert sinfo["max_running_requests"] == 8 and sinfo["context_length"] == 96
-    assert sinfo["engine"] == "static"
+    assert sinfo["engine"] == "continuous"
     assert codes == [200, 200, 200, 400]
     assert mods["data"][0]["id"] == "orchestrax"
 
@@ -119,7 +121,7 @@ def test_abort_request_returns_abort_finish_reason():
                     "input_ids": PROMPT, "rid": rid,
                     "sampling_params": {"temperature": 0, "max_new_tokens": n}}) as r:
                 return await r.json()
-        # r11 asks for 80 tokens (20 decode chunks), the others 8: it is still running when the
+        # r11 asks for 80 tokens (20 engine steps), the others 8: it is still running when the
         # abort comes. The wait is on r11 itself (a count of 12 raced the first batch's finish
         # under load and hung) and fails instead of hanging.
         tasks = [asyncio.create_task(gen(f"r{i}", 80 if i == 11 else 8)) for i in (11, *range(11))]

@@ -34,7 +34,7 @@ def test_against_orchestrax_serve_cost_is_tokens_times_prices():
     from orchestrax import models
     from orchestrax.agent.scripted import tiny_qwen3_tokenizer
     from agent_fixtures import qwen3_chat_template
-    from orchestrax.rollout.embedded import EmbeddedSampler
+    from orchestrax.rollout.embedded import ContinuousSampler
     from orchestrax.rollout.server import ServerState
 
     tok = tiny_qwen3_tokenizer()
@@ -42,8 +42,8 @@ def test_against_orchestrax_serve_cost_is_tokens_times_prices():
     sheet = load_sheet("train_list")
 
     def state():
-        sampler = EmbeddedSampler(cfg, models.init_params(cfg, seed=0), max_batch=4, max_len=160,
-                                  min_bucket=32)
+        sampler = ContinuousSampler(cfg, models.init_params(cfg, seed=0), max_batch=4,
+                                    max_len=160)
         return ServerState(sampler=sampler, model_path="tiny", tokenizer=tok,
                            chat_template=qwen3_chat_template())
 
