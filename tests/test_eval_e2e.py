@@ -200,6 +200,33 @@ def test_cli_takes_its_settings_from_the_run_and_says_so(tmp_path, capsys):
     assert "warning: --max-turns 2 differs from training (1)" in capsys.readouterr().out
 
 
+def test_an_embedded_policy_gets_no_more_slots_than_episodes_in_flight(tmp_path, monkeypatch):
+    """The continuous engine holds context_tokens positions a slot: eval asks for the run's
+    sampler_max_batch slots, fewer under a smaller --max-in-flight."""
+    from agent_fixtures import write_tiny_run
+    from orchestrax.eval import eval_command
+    from orchestrax.train.train_config import RolloutConfig
+
+    asked = []
+
+    class Stop(Exception):
+        """Ends the command before any episode runs."""
+
+    def load_policy(spec, **kw):
+        asked.append((kw["engine"], kw["max_batch"], kw["max_len"]))
+        raise Stop
+
+    monkeypatch.setattr(eval_command, "load_policy", load_policy)
+    run = tmp_path / "run"
+    write_tiny_run(run, name="t", env=RoutingConfig(num_eval=2),
+                   rollout=RolloutConfig(context_tokens=1024, sampler_max_batch=16))
+    for extra in ([], ["--max-in-flight", "4"], ["--max-in-flight", "100"]):
+        with pytest.raises(Stop):
+            cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
+                 "--out", str(tmp_path / "out"), *extra])
+    assert asked == [("continuous", 16, 1024), ("continuous", 4, 1024), ("continuous", 16, 1024)]
+
+
 @pytest.fixture
 def chat_servers():
     """Two loopback OpenAI-compatible servers on a background event loop (the CLI runs its

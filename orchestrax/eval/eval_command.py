@@ -284,10 +284,13 @@ def run(args: EvalCommand) -> int:
     spec = EvalRun(task_sets=tuple(args.tasks), cfg=cfg, turn_limits=sweep, runner=runner,
                    max_in_flight=args.max_in_flight, baseline=args.baseline, options=options,
                    progress=not args.no_progress)
+    # An embedded sampler's continuous engine holds context_tokens positions for every slot
+    # from its first request on: no more slots than episodes run at once (--max-in-flight).
+    slots = min(settings["sampler_max_batch"], args.max_in_flight)
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=settings["context_tokens"],
                          param_dtype=args.param_dtype, seed=settings["seed"],
-                         engine=settings["engine"], max_batch=settings["sampler_max_batch"])
+                         engine=settings["engine"], max_batch=slots)
     schedule, line = seed_schedule(settings, policy)
     print(line, flush=True)
     cfg = dataclasses.replace(cfg, seed_schedule=schedule)
@@ -301,7 +304,7 @@ def run(args: EvalCommand) -> int:
         sub_pricing = load_sheet(args.sheet or "train_list").model_pricing(args.subagent_price)
     sub_policy = (load_policy(args.subagent_policy, tokenizer=args.tokenizer,
                               max_len=settings["context_tokens"], param_dtype=args.param_dtype,
-                              seed=settings["seed"])
+                              seed=settings["seed"], max_batch=slots)
                   if args.subagent_policy else None)
 
     async def go():
