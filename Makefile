@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test setup sysdeps bench clean
+.PHONY: demo test setup sysdeps bench xla-cuda clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,17 @@ test: setup
 
 bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+# bench/gpu_compile.py's CUDA compile-only plugin (the venv's JAX version) and cuDNN, kept out
+# of the venv so nothing else picks a CUDA backend; 1.3 GB installed, no driver needed.
+XLA_CUDA ?= /opt/xla-cuda
+XLA_CUDNN ?= /opt/xla-cudnn
+xla-cuda: $(BIN)/.installed
+	V=$$($(BIN)/python -c 'import jax; print(jax.__version__)') && \
+	  $(BIN)/python -m pip install -q --no-deps --target $(XLA_CUDA) \
+	    jax-cuda13-plugin==$$V jax-cuda13-pjrt==$$V
+	$(BIN)/python -m pip install -q --no-deps --target $(XLA_CUDNN) nvidia-cudnn-cu13 \
+	  nvidia-cuda-runtime
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,8 +1,8 @@
 """What XLA makes of the shipped GPU configs on the cards they name, compiled on a CPU box.
 
-Each shipped config's GRPO step, SFT step, reference pass and the prefill / decode of the
-embedded sampler it names (`rollout.engine`: the continuous engine's slot steps, or the static
-batcher's prefill and decode chunk at its largest bucket) are lowered at the config's real shapes on abstract arguments and compiled for a GPU target that
+Each shipped config's GRPO step, SFT step, reference pass and its embedded sampler's prefill /
+decode (the continuous engine's slot steps, placed as the engine places them) are lowered at the
+config's real shapes on abstract arguments and compiled for a GPU target that
 is not there (an H200, or an 8xH100 node, from ../shared/gpu_targets/*.txtpb); the table gives
 XLA's compiled memory per device (arguments, temporaries, their total with donated buffers
 counted once), plus what stays on the device outside that compile ("held": the frozen KL
@@ -13,11 +13,20 @@ copy), collectives, and whether XLA warned of an "involuntary full rematerializa
 `bench` rows are bench/gpu.py's train and sampler sections, built by its own code, on one H200:
 what a lent GPU would run must fit before it is lent.
 
-Setup, once (CUDA compile plugin of the venv's JAX; ~400 MB of wheels, no driver needed; kept
-out of the venv so nothing else picks a CUDA backend):
+Setup, once (the CUDA compile plugin of the venv's JAX, and cuDNN, without which XLA refuses
+to compile the cuDNN attention: "cuDNN not found"; no driver needed; kept out of the venv so
+nothing else picks a CUDA backend; the plugin wheel is built per Python version, hence the
+venv's own pip). 651 MB of wheels, 1.3 GB installed (jax 0.10.2: plugin + pjrt 402 MB, cuDNN
+9.28 + CUDA runtime 906 MB), under a minute on a fast link:
 
-    V=$(python -c 'import jax; print(jax.__version__)'); pip install --no-deps --target \
-      /opt/xla-cuda jax-cuda13-plugin==$V jax-cuda13-pjrt==$V nvidia-cudnn-cu13 nvidia-cuda-runtime
+    make xla-cuda      # XLA_CUDA=/opt/xla-cuda XLA_CUDNN=/opt/xla-cudnn by default
+
+which runs, with V the venv's JAX version:
+
+    .venv/bin/python -m pip install --no-deps --target /opt/xla-cuda \
+      jax-cuda13-plugin==$V jax-cuda13-pjrt==$V
+    .venv/bin/python -m pip install --no-deps --target /opt/xla-cudnn \
+      nvidia-cudnn-cu13 nvidia-cuda-runtime
 
 Run (the plugin directory is put on sys.path here; ~1-2 min per Qwen3-8B compile on 2 cores):
 
@@ -40,7 +49,6 @@ import datetime
 import functools
 import importlib
 import importlib.util
-import math
 import os
 import pathlib
 import re
@@ -64,7 +72,6 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from orchestrax import models, parallel, rl  # noqa: E402
-from orchestrax.rollout import decode as static_mod  # noqa: E402
 from orchestrax.rollout import engine as engine_mod  # noqa: E402
 
 GIB = 2**30
@@ -75,8 +82,6 @@ if not TARGET_DIR.is_dir():
     TARGET_DIR = pathlib.Path("/work/shared/gpu_targets")
 # target name -> (card's target config, devices on the node)
 TARGETS = {"h200": ("h200.txtpb", 1), "8xh100": ("h100.txtpb", 8)}
-STATIC_MIN_BUCKET = 16       # EmbeddedSampler's min_bucket, as the trainer builds it
-STATIC_CHUNK = 64            # and its chunk_tokens: decode steps per dispatch
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -146,16 +151,6 @@ def model_for(tc, smoke: bool) -> models.ModelConfig:
     return models.preset(name, dtype=tc.dtype, remat=tc.remat, attention="cudnn")
 
 
-def static_worst_shape(max_len: int, max_new_tokens: int, lo: int) -> tuple[int, int]:
-    """(prompt bucket, new-token bucket) of the static batcher's largest KV cache: a prompt of
-    p tokens pads to bucket(p) and its budget min(max_new_tokens, max_len - p) to a bucket of
-    its own (rollout.embedded.EmbeddedSampler), so the cache can outgrow max_len."""
-    def buckets(p):
-        return (engine_mod.bucket(p, lo=lo, hi=max_len),
-                engine_mod.bucket(min(max_new_tokens, max_len - p), lo=lo, hi=max_len))
-    return max((buckets(p) for p in range(1, max_len)), key=sum)
-
-
 def shapes_for(tc, kind: str, smoke: bool) -> dict:
     """Rows and lengths of one compile at the config's real sizes (smoke: tiny ones)."""
     r = tc.rollout
@@ -165,9 +160,7 @@ def shapes_for(tc, kind: str, smoke: bool) -> dict:
         rows, seq = 2 * tc.grpo.num_minibatches * tc.grpo.num_microbatches, 128
     max_len = r.context_tokens if not smoke else 256
     return {"rows": rows, "seq": seq, "sft_rows": tc.sft_batch if not smoke else rows,
-            "slots": r.sampler_max_batch if not smoke else 8, "max_len": max_len,
-            "static": static_worst_shape(max_len, r.max_new_tokens if not smoke else 64,
-                                         lo=STATIC_MIN_BUCKET)}
+            "slots": r.sampler_max_batch if not smoke else 8, "max_len": max_len}
 
 
 # --- what is compiled --------------------------------------------------------------------------
@@ -182,7 +175,6 @@ def lower_case(case: Case, devices, smoke: bool):
     rows_spec = lambda nd: parallel.logical_to_spec(  # noqa: E731
         ("batch",) + (None,) * (nd - 1), mesh=mesh)
     row_sh, vec_sh = NamedSharding(mesh, rows_spec(2)), NamedSharding(mesh, rows_spec(1))
-    rep = NamedSharding(mesh, PartitionSpec())
     p_shapes = jax.eval_shape(lambda: models.init_params(cfg))
     params = abstract(p_shapes, models.param_shardings(cfg, mesh))
     mat = lambda b, t, dt, s=row_sh: jax.ShapeDtypeStruct((b, t), dt, sharding=s)  # noqa: E731
@@ -198,9 +190,11 @@ def lower_case(case: Case, devices, smoke: bool):
         state = jax.eval_shape(lambda p: rl.init_state(p, tc.optim), p_shapes)
         info["held"] = held_ref + _device_bytes(abstract(
             state, rl.state_shardings(cfg, tc.optim, mesh)))
-        if tc.rollout.engine == "static":     # traced as the sampler runs it: no mesh rules
-            return _lower_static(case.kind, cfg.replace(remat="none"), ref_params, sh, mesh,
-                                 info)
+        if tc.rollout.engine != "continuous":
+            raise ValueError(f"{case.config} samples with the {tc.rollout.engine!r} batcher; "
+                             "only the continuous engine's steps are compiled here")
+        # Traced as the sampler runs it: no mesh rules.
+        return _lower_engine(case.kind, cfg.replace(remat="none"), ref_params, sh, mesh, info)
     with parallel.activation_sharding(mesh):
         if case.kind in ("grpo", "sft"):
             sft = case.kind == "sft"
@@ -237,32 +231,36 @@ def lower_case(case: Case, devices, smoke: bool):
             info["rows"] = f"{b}x{sh['seq']}, {per} rows a pass"
             info["held"] = 0          # the reference is this compile's argument
             return fn.lower(ref_params, ids, ids), info
-        # Sampler: the continuous engine's own jitted steps over its slot cache, on the
-        # compute-dtype copy of the weights it gets at every weight sync.
-        scfg, sp = cfg.replace(remat="none"), ref_params
-        slots, max_len = sh["slots"], sh["max_len"]
-        st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
-        st = abstract(st_shapes, parallel.tree_shardings(st_shapes,
-                                                         engine_mod.state_logical_axes(), mesh))
-        info["rows"] = f"continuous: {slots} slots x {max_len}"
-        info["kv_layer_bytes"] = st_shapes.k.size * st_shapes.k.dtype.itemsize // (
-            cfg.num_layers * len(devices))
-        if case.kind == "prefill":
-            chunk = min(512, max_len)
-            one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
-            settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
-                                                                         x.dtype),
-                                    st_shapes._replace(k=None, v=None))
-            info["rows"] += f", chunk {chunk}"
-            i32 = one((), jnp.int32)
-            return engine_mod._prefill_chunk.lower(
-                scfg, sp, st, i32, one((chunk,), jnp.int32), one((chunk,), jnp.bool_), i32,
-                i32, one((), jnp.bool_), one((), jnp.bool_), settings, n_top=0,
-                span=max_len), info
-        keep = jax.ShapeDtypeStruct((slots,), jnp.bool_, sharding=rep)
-        info["rows"] += ", 1 step"
-        return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
-                                        span=max_len), info
+
+
+def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
+    """The continuous engine's own jitted steps over its slot cache, on the compute-dtype copy
+    of the weights it gets at every weight sync. The engine makes its cache with no placement,
+    and the first step's jit puts that uncommitted state whole on every device of the params'
+    mesh (its sharding stays P() from then on: checked on 8 CPU devices), so it is compiled
+    replicated, as the engine runs it."""
+    rep = NamedSharding(mesh, PartitionSpec())
+    one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
+    slots, max_len = sh["slots"], sh["max_len"]
+    st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
+    st = jax.tree.map(lambda x: one(x.shape, x.dtype), st_shapes)
+    info["rows"] = f"continuous: {slots} slots x {max_len}"
+    info["kv_layer_bytes"] = st_shapes.k.size * st_shapes.k.dtype.itemsize // scfg.num_layers
+    if kind == "prefill":
+        chunk = min(512, max_len)
+        settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
+                                                                     x.dtype),
+                                st_shapes._replace(k=None, v=None))
+        info["rows"] += f", chunk {chunk}"
+        i32 = one((), jnp.int32)
+        return engine_mod._prefill_chunk.lower(
+            scfg, sp, st, i32, one((chunk,), jnp.int32), one((chunk,), jnp.bool_), i32,
+            i32, one((), jnp.bool_), one((), jnp.bool_), settings, n_top=0,
+            span=max_len), info
+    keep = one((slots,), jnp.bool_)
+    info["rows"] += ", 1 step"
+    return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
+                                    span=max_len), info
 
 
 def _lower_bench(case: Case, devices, smoke: bool):
@@ -297,38 +295,6 @@ def _lower_bench(case: Case, devices, smoke: bool):
     return engine_mod._decode.lower(cfg, params, st, keep, keep,
                                     n_steps=gpu.SAMPLER_DECODE_STEPS, n_top=0,
                                     span=max_len), info
-
-
-def _lower_static(kind: str, scfg, sp, sh: dict, mesh, info: dict):
-    """The static batcher (rollout/decode.py) at its largest bucket: `slots` rows, the prompt and
-    budget buckets of static_worst_shape. Its prompts and settings come from the host
-    (replicated); the cache is made inside `prefill`, laid out as XLA chooses, and the decode
-    chunk is compiled on the layout the prefill's compile gave it."""
-    rep = NamedSharding(mesh, PartitionSpec())
-    one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
-    b, (t, new) = sh["slots"], sh["static"]
-    f32, i32 = jnp.float32, jnp.int32
-    rows = static_mod.Rows(one((b,), f32), one((b,), i32), one((b,), f32), one((b,), jnp.uint32),
-                           one((b,), i32), one((b, 4), i32), one((b,), f32), one((b,), f32))
-    prefill = static_mod.prefill.lower(scfg, sp, one((b, t), i32), one((b, t), i32), rows,
-                                       total_len=t + new, n_top=0, penalize=False)
-    info["rows"] = f"static: {b} rows x ({t} + {new})"
-    k = prefill.out_info.cache["k"]
-
-    def kv_layer_bytes(compiled_prefill) -> int:   # one layer's k on one device, as laid out
-        shape = compiled_prefill.output_shardings.cache["k"].shard_shape(k.shape)
-        return math.prod(shape) * k.dtype.itemsize // scfg.num_layers
-
-    if kind == "prefill":
-        info["kv_layer_bytes_of"] = kv_layer_bytes
-        return prefill, info
-    compiled = prefill.compile()
-    info["kv_layer_bytes"] = kv_layer_bytes(compiled)
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         prefill.out_info, compiled.output_shardings)
-    info["rows"] += f", {STATIC_CHUNK} steps"
-    return static_mod.decode_chunk.lower(scfg, sp, state, rows, one((b,), jnp.bool_),
-                                         chunk=STATIC_CHUNK, n_top=0, penalize=False), info
 
 
 def _device_bytes(tree) -> int:
@@ -426,8 +392,7 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
     m = compiled.memory_analysis()
     total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes)
-    kv_layer = (info["kv_layer_bytes_of"](compiled) if "kv_layer_bytes_of" in info
-                else info.get("kv_layer_bytes"))
+    kv_layer = info.get("kv_layer_bytes")
     facts = hlo_facts(compiled.as_text(), kv_layer)
     remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
     try:
@@ -499,7 +464,7 @@ def main(argv=None) -> list[dict]:
         with open(args.results, "a") as f:
             f.write(f"\n- {datetime.date.today().isoformat()} gpu_compile ({what}; deviceless "
                     f"compile for the GPU targets, XLA_PYTHON_CLIENT_MEM_FRACTION={MEM_FRACTION};"
-                    f" python bench/gpu_compile.py {' '.join(argv or sys.argv[1:])}):\n\n"
+                    f" {' '.join(['python bench/gpu_compile.py', *(argv or sys.argv[1:])])}):\n\n"
                     + "\n".join(lines) + "\n")
     return results
 

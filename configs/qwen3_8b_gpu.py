@@ -13,9 +13,9 @@ config_multinode = _recipe["config_multinode"]
 
 def config_embedded():
     """One 8-GPU node with the built-in JAX sampler instead of SGLang (one process, all 8 GPUs).
-    A 24k-slot bf16 KV cache row is 3.5 GB; 16 rows, because a prefill chunk into one slot of
-    a slot axis split over the GPUs gathers the cache (bench/gpu_compile.py: 32 rows compile
-    to 76.1 GiB a GPU with 13.4 held, past the 75.7 usable)."""
+    A 24k-slot bf16 KV cache row is 3.5 GB, and the engine keeps its whole slot cache on every
+    GPU (it does not split the slots over the mesh yet): 16 slots compile to 58.1 GiB a GPU for
+    a prefill chunk and 56.2 for a decode step, +13.4 held, of 75.7 (bench/gpu_compile.py)."""
     import dataclasses
     c = config()
     # 128 rows / 4 minibatches / 4 micro-batches = 8 rows a micro-step, one a GPU (fewer rows

@@ -182,11 +182,10 @@ def config_one_h200() -> TrainConfig:
                optim=dataclasses.replace(optim(), mu_dtype="bfloat16", nu_dtype="bfloat16"))
     c = c.replace(sft_optim=dataclasses.replace(c.sft_optim, mu_dtype="bfloat16",
                                                 nu_dtype="bfloat16"))   # fp32 Adam: 144 GiB
-    # The sampler runs next to the train state and the reference (76 GiB): the continuous
-    # engine, whose decode step writes its slot cache in place (the static batcher's copies the
-    # whole cache every step), with 8 slots of 24k (bench/gpu_compile.py).
+    # The sampler, the continuous engine (its decode step writes the slot cache in place), runs
+    # next to the train state and the reference (76 GiB): 8 slots of 24k (bench/gpu_compile.py).
     return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
-                                                 engine="continuous", sampler_max_batch=8))
+                                                 sampler_max_batch=8))
 
 
 def config_multinode(hosts: tuple[str, ...] = ("rollout-0", "rollout-1"),
