@@ -9,7 +9,8 @@ counted once), plus what stays on the device outside that compile ("held": the f
 reference during the GRPO step; the train state and reference while the embedded sampler
 runs), against the usable memory of the card, and what the optimized HLO holds: cuDNN
 attention calls, big copies in the decode step (a whole-cache or per-layer KV copy, a weight
-copy), collectives, and whether XLA warned of an "involuntary full rematerialization". The
+copy), collectives, conditionals (each a host read of its predicate on XLA:GPU outside a CUDA
+graph), and whether XLA warned of an "involuntary full rematerialization". The
 `bench` rows are bench/gpu.py's train and sampler sections, built by its own code, on one H200:
 what a lent GPU would run must fit before it is lent.
 
@@ -354,8 +355,9 @@ def _address_only(hlo: str) -> set[str]:
 
 
 def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
-    """Counts from the optimized HLO text: cuDNN custom calls, collectives (static ops: those
-    in the scanned layer body run once per layer), copies at least `big_copy_bytes` large
+    """Counts from the optimized HLO text: cuDNN custom calls, collectives and conditionals
+    (static ops: those in the scanned layer body run once per layer), copies at least
+    `big_copy_bytes` large
     (data moved: a copy or transpose, as an op or a fusion, not a dynamic-slice fusion's
     address offset)."""
     skip, inside = _address_only(hlo), None
@@ -376,7 +378,10 @@ def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
                 b = _result_bytes(ln)
                 if b >= big_copy_bytes:
                     copies.append(b)
+    # XLA:GPU reads a conditional's predicate on the host (a sync) unless a CUDA graph runs it.
+    conditionals = sum(1 for ln in lines if re.search(r"\bconditional\(", ln))
     return {"cudnn": cudnn, "collectives": {k: v for k, v in coll.items() if v},
+            "conditionals": conditionals,
             "big_copies": len(copies), "big_copy_bytes": sum(copies)}
 
 
@@ -410,7 +415,8 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
 # --- table -------------------------------------------------------------------------------------
 HEADER = ("| case | shape | args GiB | temps GiB | total GiB | + held GiB | usable GiB | fits | "
           "cuDNN | "
-          "big copies (sampler) | collectives (static ops) | involuntary remat | compile s |")
+          "big copies (sampler) | collectives (static ops) | involuntary remat | "
+          "conditionals (static ops) | compile s |")
 
 
 def row(r: dict) -> str:
@@ -420,7 +426,7 @@ def row(r: dict) -> str:
     return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "
             f"| {r['total'] / GIB:.1f} | {r['held'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "
             f"{'yes' if r['fits'] else '**NO**'} | {r['cudnn']} | {copies} | {coll} | "
-            f"{r['remat_warnings'] or 'none'} | {r['compile_s']:.0f} |")
+            f"{r['remat_warnings'] or 'none'} | {r['conditionals']} | {r['compile_s']:.0f} |")
 
 
 def main(argv=None) -> list[dict]:

@@ -28,6 +28,9 @@ def test_gpu_compile_smoke(tmp_path):
     ref, decode_one, decode, bench = rows
     # The reference pass picked cuDNN attention although this host's backend is the CPU.
     assert "config_one_h200/ref@1xh200" in ref and ref.split("|")[9].strip() == "1", ref
+    # Its one conditional is attention's right-padding branch, once in the layer loop (the
+    # chunked path asks the host nothing per block).
+    assert ref.split("|")[13].strip() == "1", ref
     # One H200 runs the continuous engine: its decode step writes the donated slot cache in
     # place, no copy or transpose of a layer's cache or more in the HLO XLA made for it (the
     # engine before it had 5).
