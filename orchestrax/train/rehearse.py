@@ -45,7 +45,7 @@ from orchestrax.train.overrides import apply_overrides, load_config
 DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
 EVAL_TASKS = ("bamboogle", "aime")
 EVAL_LIMIT = 2     # tasks per eval set
-SFT_RECORDS = 48   # warm-start conversations: 6 calls of each of the 8 tools
+SFT_RECORDS = 96   # warm-start conversations: 12 calls of each of the 8 tools
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -182,19 +182,21 @@ def _instance_offering(cfg: TrainConfig, env: Any, task: Any, name: str, draws: 
 
 def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
                    limit: int | None = None) -> dict[str, int]:
-    """Warm-start conversations over the run's train tasks (the first `limit`): each calls one
+    """Warm-start conversations over the run's train tasks (`limit` of them evenly spaced, so
+    every source of a mixture, laid end to end, has its prompts in): each calls one
     tool of `tools` (round robin, so every kind is demonstrated), with the observation the real
     tool returned, then answers (the gold answer where the task has one). Each record holds the
     prompt an RL rollout of that task sees: an instance's tools (its subset and prices, one that
     offers the called tool) and its preference instruction, so the format is learnt in the
     context the policy will use it in. Returns the calls per tool."""
     from orchestrax.agent.episode import prompt_messages
+    from orchestrax.data.tasks import spread
     from orchestrax.train import setup
     env = setup.make_env(cfg)
     names = sorted(tools)
     if not names:
         raise ValueError("rehearsal: the config has no tools to warm-start calls to")
-    tasks = env.tasks("train")[:limit]
+    tasks = spread(env.tasks("train"), limit)
     calls = [(names[i % len(names)], tool_arguments(names[i % len(names)], t))
              for i, t in enumerate(tasks)]
     observations = asyncio.run(_observe(tools, calls))
