@@ -223,7 +223,10 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
     """The recipe at CPU size, run by `orchestrax rehearse`: a tiny random Qwen3 as 2 processes x
     4 CPU devices, each process's rollouts on its own loopback server, every LLM tool and the
     tau2 user a tiny local server, BM25 over 200 passages of the Wikipedia corpus, two QA sets,
-    a warm start on tool-call conversations through the real tools, two GRPO steps."""
+    a warm start on tool-call conversations through the real tools, two GRPO steps. Each
+    instance offers one tool (a size: the whole catalog's schemas are ~2,000 tiny-tokenizer
+    tokens; with one tool a conversation is ~700 and three fill a row, so the warm start sees
+    three times the conversations a step and its policy opens its turns with `<tool_call>`)."""
     ports = rehearsal_ports()
     expert = {role: f"http://127.0.0.1:{ports[role]}/v1" for role in ("generalists", "specialists")}
     experts = {model: (expert["specialists" if model.startswith("qwen2.5") else "generalists"],
@@ -236,12 +239,17 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         model=models.tiny_config(vocab_size=512, hidden_size=64, intermediate_size=128,
                                  num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32),
         grpo=grpo(num_minibatches=2, num_microbatches=1, logprob_chunk=None),
-        sft_optim=OptimizerConfig(lr=1e-2, warmup_steps=2, schedule="constant", total_steps=64,
+        sft_optim=OptimizerConfig(lr=1e-2, warmup_steps=2, schedule="constant", total_steps=160,
                                   weight_decay=0.0),
+        instances=dataclasses.replace(instances(), randomize=dataclasses.replace(
+            instances().randomize, max_tools=1)),
         rollout=rollout(backend="sglang",
                         server_urls=tuple(f"http://127.0.0.1:{ports[f'rollout-{i}']}"
                                           for i in range(2)),
-                        group_size=4, tasks_per_step=2, max_turns=2, context_tokens=3072,
+                        # 8 instances a step, so the tools they offer span the catalog's
+                        # kinds (basic, specialist, generalist); context: the longest train
+                        # prompt with the whole catalog is 2,176 tokens (TrainConfig checks it).
+                        group_size=2, tasks_per_step=8, max_turns=2, context_tokens=2304,
                         max_new_tokens=64, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),
         # No tau2 domain: a retail prompt with its tools is 10.6k tiny-tokenizer tokens, which
@@ -252,11 +260,12 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         # Sampled they write random words; the seed keeps a redone step's observations equal.
         tools=tools(experts, search_backend="bm25", search_titles=titles, web=False,
                     llm_max_tokens=16, llm_temperature=1.0, llm_seed=0, clock="nominal"),
-        # Checkpoints every 16 SFT steps and after the last of 2 GRPO steps: a kill after
+        # Checkpoints every 80 SFT steps and after the last of 2 GRPO steps: a kill after
         # step 1 resumes from the warm start and redoes step 1, whose metrics the killed run
-        # logged (a checkpoint costs ~10 s here).
-        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=64, sft_batch=8, steps=2,
-        out_dir=out_dir, checkpoint_every=16, eval_every=0, eval_tasks=8)
+        # logged (a checkpoint costs ~10 s here). 160 SFT steps of 8 rows, ~3 conversations
+        # a row (BUILD.md: what the policy's calls look like after them).
+        sft_data=(f"{out_dir}/sft.jsonl",), sft_steps=160, sft_batch=8, steps=2,
+        out_dir=out_dir, checkpoint_every=80, eval_every=0, eval_tasks=8)
 
 
 def _corpus_titles() -> list[str]:

@@ -1,14 +1,12 @@
-"""`orchestrax rehearse` end to end, with one trainer process SIGKILLed mid-RL: the summary the
-issue asks for, and the redone step equal to the step the killed run had logged.
+"""`orchestrax rehearse` end to end: the summary the issue asks for, from a run with one GRPO
+step (in the suite), and a second case (opt-in) with one trainer process SIGKILLed mid-RL and
+the redone step equal to the step the killed run had logged.
 
-One run serves both checks (a second, uninterrupted rehearsal would double the suite time):
-`config_rehearsal` checkpoints only at its last GRPO step, so a kill after step 1 resumes from
-the warm start's checkpoint and redoes step 1, whose row the killed run wrote first. The tools
-run on the nominal clock there, so a redone step's rewards do not depend on machine load.
-
-It took 22 minutes on this 2-core box at load ~20 (BUILD.md), far over the suite's budget, so it
-runs only with ORCHESTRAX_REHEARSAL_TEST=1. Not checked yet: that every tool kind is called
-(after 64 warm-start steps the tiny policy answers without calling a tool)."""
+The killed case needs two GRPO steps: `config_rehearsal` checkpoints only at its last GRPO
+step, so a kill after step 1 resumes from the warm start's checkpoint and redoes step 1, whose
+row the killed run wrote first. The tools run on the nominal clock there, so a redone step's
+rewards do not depend on machine load. It takes a few minutes more than the first case, so it
+runs only with ORCHESTRAX_REHEARSAL_TEST=1 (BUILD.md has both timings)."""
 
 import json
 import os
@@ -47,28 +45,33 @@ def _rows(path: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("ORCHESTRAX_REHEARSAL_TEST") != "1",
-                    reason="22 min on 2 cores: set ORCHESTRAX_REHEARSAL_TEST=1")
-def test_rehearsal_runs_end_to_end_and_a_killed_process_resumes(tmp_path, shared_data):
-    out = tmp_path / "rehearsal"
+def _rehearse(out: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     env = dict(os.environ, ORCHESTRAX_REHEARSAL_PORT=str(_free_base()))
     proc = subprocess.run([sys.executable, "-m", "orchestrax.cli", "rehearse", "--out", str(out),
-                           "--kill-after-step", "1", "--timeout", "1500"],
+                           *args, "--timeout", "1500"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rehearsal done" in proc.stdout
-    summary = json.loads((out / "summary.json").read_text())
-    cfg = load_config(CONFIG)
+    return proc, json.loads((out / "summary.json").read_text())
 
+
+def _check_summary(summary: dict, proc: subprocess.CompletedProcess, rl_steps: int) -> None:
+    from orchestrax import registry
+    cfg = load_config(CONFIG)
     assert summary["processes"] == 2 and summary["devices"] == 8
-    assert summary["sft_steps"] == cfg.sft_steps and summary["rl_steps"] == cfg.steps
-    # Calls are counted per catalog tool (or under _malformed), each with its dollars.
-    kinds = {"python", "local_search", "_malformed", *(t.name for t in cfg.tools.llms)}
-    assert set(summary["tool_calls"]) <= kinds and set(summary["cost_usd"]) <= kinds
+    assert summary["sft_steps"] == cfg.sft_steps and summary["rl_steps"] == rl_steps
+    # The policy's calls reach the real tools: counted per catalog tool (or under _malformed /
+    # _unknown), and at least one valid call was billed. Not yet: every kind of the catalog
+    # (basic tools, specialist and generalist LLMs) with a cost; most calls the warm-started
+    # policy samples at temperature 1 are malformed or name a tool its instance does not offer
+    # (BUILD.md, "The rehearsal").
+    names = set(registry.build_catalog(cfg.tools))
+    assert set(summary["tool_calls"]) <= {*names, "_malformed", "_unknown"}, summary["tool_calls"]
+    paid = {name for name, usd in summary["cost_usd"].items() if name in names and usd > 0}
+    assert paid and all(summary["tool_calls"][name] >= 1 for name in paid), summary["cost_usd"]
     # Both rollout servers served, and report the trainer's last weight version.
     assert len(summary["requests"]) == 2 and all(n > 0 for n in summary["requests"].values())
-    last = str(cfg.sft_steps + cfg.steps)  # versions are the trainer's global steps
+    last = str(cfg.sft_steps + rl_steps)  # versions are the trainer's global steps
     assert all(s["weight_version"] == last and s["count"] >= 1
                for s in summary["weight_syncs"].values()), summary["weight_syncs"]
     assert summary["checkpoints"] and summary["checkpoints"][-1] == int(last)
@@ -80,8 +83,24 @@ def test_rehearsal_runs_end_to_end_and_a_killed_process_resumes(tmp_path, shared
                                    for e in summary["eval"].values())
     assert "acc" in proc.stdout and "cents/task" in proc.stdout and "min/task" in proc.stdout
 
-    # The kill: both processes resumed from the newest complete checkpoint (the warm start's),
-    # and redid step 1 with the metrics the killed run had logged for it.
+
+@pytest.mark.slow  # BUILD.md: its measured minutes on the 2-core box
+def test_rehearsal_runs_end_to_end(tmp_path, shared_data):
+    proc, summary = _rehearse(tmp_path / "rehearsal", "--set", "steps=1")
+    _check_summary(summary, proc, rl_steps=1)
+    assert summary["resumed_from"] is None and summary["killed_after_step"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("ORCHESTRAX_REHEARSAL_TEST") != "1",
+                    reason="the kill and resume case: set ORCHESTRAX_REHEARSAL_TEST=1")
+def test_a_killed_process_resumes_with_the_killed_runs_metrics(tmp_path, shared_data):
+    out = tmp_path / "rehearsal"
+    proc, summary = _rehearse(out, "--kill-after-step", "1")
+    cfg = load_config(CONFIG)
+    _check_summary(summary, proc, rl_steps=cfg.steps)
+    # Both processes resumed from the newest complete checkpoint (the warm start's), and
+    # redid step 1 with the metrics the killed run had logged for it.
     assert summary["killed_after_step"] == 1 and summary["resumed_from"] == cfg.sft_steps
     killed = [r for r in _rows(out / "metrics.killed.jsonl") if r["phase"] == "rl"]
     final = [r for r in _rows(out / "metrics.jsonl") if r["phase"] == "rl"]
