@@ -22,6 +22,22 @@ import pytest
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test file, drop jax's in-memory caches of compiled programs. A pytest-xdist
+    worker runs dozens of files in one process, and every XLA:CPU executable it keeps holds
+    memory mappings of its own: three engine test files left 26k mappings, a worker near the
+    suite's end 46k, and past vm.max_map_count (65530 by default) the next compile or cache
+    load dies in mmap (seen as an abort in serialize and a segfault in deserialize). The next
+    file loads what it needs again from the persistent cache above."""
+    yield
+    import gc
+
+    import jax
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
     """`../shared/data` next to the repo; tests that need it skip with a clear reason when absent."""
