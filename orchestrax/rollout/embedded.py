@@ -616,9 +616,7 @@ def make_embedded_sampler(engine: str, cfg: models.ModelConfig, params_or_getter
     rest (`dispatch_reads`: the continuous engine's, ignored by the static batcher)."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}; allowed: {ENGINES}")
-    if engine == "continuous":
-        return ContinuousSampler(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
-                                 seed=seed, weight_version=weight_version,
-                                 dispatch_reads=dispatch_reads)
-    return EmbeddedSampler(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
-                           seed=seed, weight_version=weight_version)
+    kind, own = ((ContinuousSampler, {"dispatch_reads": dispatch_reads})
+                 if engine == "continuous" else (EmbeddedSampler, {}))
+    return kind(cfg, params_or_getter, max_batch=max_batch, max_len=max_len, seed=seed,
+                weight_version=weight_version, **own)
