@@ -21,6 +21,7 @@ import threading
 import time
 
 import pytest
+from aiohttp import web
 
 from tests.loopback import ScriptedChatServer
 from tests.processes import our_sandbox_processes
@@ -166,21 +167,25 @@ def shop(readable_tmp):
 @pytest.fixture
 def server():
     """A scripted generator on a background loop (the pipeline runs its own loop, or a
-    subprocess); `gate` (a threading.Event) set: requests after the first `srv.pass_first` wait
-    on it, so a kill finds exactly that many calls answered."""
+    subprocess); `hold` (a threading.Event) set: requests after the first `srv.pass_first` wait
+    on it, so a kill finds exactly that many calls answered. Bumping `srv.epoch` before clearing
+    `hold` drops the held requests unanswered and unrecorded (their client is dead)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     srv = ScriptedChatServer(respond, usage=(1000, 200))
     srv.hold = threading.Event()
-    srv.pass_first, srv.admitted = None, 0
+    srv.pass_first, srv.admitted, srv.epoch = None, 0, 0
     inner = srv._handle
 
     async def handle(request):
         srv.admitted += 1  # counted before any await: concurrent requests cannot all slip by
         if srv.pass_first is not None and srv.admitted > srv.pass_first:
+            epoch = srv.epoch
             while srv.hold.is_set():
                 await asyncio.sleep(0.02)
+            if srv.epoch != epoch:
+                return web.Response(status=503, text="held by a killed run")
         return await inner(request)
 
     srv._handle = handle
@@ -223,6 +228,7 @@ def test_pipeline_filters_evolves_resumes_and_its_output_trains_and_evaluates(
     paid = _keys(out)
     assert len(paid) == 3
     first_bodies = len(server.requests)
+    server.epoch += 1
     server.hold.clear()
     server.pass_first = None
 
