@@ -191,7 +191,7 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
                                      np.ones((concurrency,), bool),
                                      np.ones((concurrency,), bool),
                                      n_steps=SAMPLER_DECODE_STEPS, n_top=0,
-                                     span=engine.max_len).compile()
+                                     span=engine.max_len, filtering=False).compile()
     return {"what": f"sampler@{concurrency}", "model": "tiny" if smoke else "qwen3-8b",
             "requests": concurrency, "prompt": prompt, "new": new, "wall_s": wall,
             "tok_s": out_tokens / wall, "floor_s": floor_s, "static_s": peer_s,

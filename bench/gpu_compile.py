@@ -1,8 +1,8 @@
 """What XLA makes of the shipped GPU configs on the cards they name, compiled on a CPU box.
 
 Each shipped config's GRPO step, SFT step, reference pass and its embedded sampler's prefill /
-decode (the continuous engine's slot steps, placed as the engine places them) are lowered at the
-config's real shapes on abstract arguments and compiled for a GPU target that
+decode (the continuous engine's slot steps, its state placed as the engine places it) are
+lowered at the config's real shapes on abstract arguments and compiled for a GPU target that
 is not there (an H200, or an 8xH100 node, from ../shared/gpu_targets/*.txtpb); the table gives
 XLA's compiled memory per device (arguments, temporaries, their total with donated buffers
 counted once), plus what stays on the device outside that compile ("held": the frozen KL
@@ -236,17 +236,16 @@ def lower_case(case: Case, devices, smoke: bool):
 
 def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
     """The continuous engine's own jitted steps over its slot cache, on the compute-dtype copy
-    of the weights it gets at every weight sync. The engine makes its cache with no placement,
-    and the first step's jit puts that uncommitted state whole on every device of the params'
-    mesh (its sharding stays P() from then on: checked on 8 CPU devices), so it is compiled
-    replicated, as the engine runs it."""
+    of the weights it gets at every weight sync, with the state placed as the engine places it
+    on the params' mesh (`engine.state_shardings`: the cache's kv heads split over the GPUs)."""
     rep = NamedSharding(mesh, PartitionSpec())
     one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
     slots, max_len = sh["slots"], sh["max_len"]
     st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
-    st = jax.tree.map(lambda x: one(x.shape, x.dtype), st_shapes)
+    st = abstract(st_shapes, engine_mod.state_shardings(scfg, slots, max_len, mesh))
     info["rows"] = f"continuous: {slots} slots x {max_len}"
-    info["kv_layer_bytes"] = st_shapes.k.size * st_shapes.k.dtype.itemsize // scfg.num_layers
+    # A copy is big from one layer of one device's part of the cache on.
+    info["kv_layer_bytes"] = _device_bytes(st.k) // scfg.num_layers
     if kind == "prefill":
         chunk = min(512, max_len)
         settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
@@ -257,11 +256,11 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
         return engine_mod._prefill_chunk.lower(
             scfg, sp, st, i32, one((chunk,), jnp.int32), one((chunk,), jnp.bool_), i32,
             i32, one((), jnp.bool_), one((), jnp.bool_), settings, n_top=0,
-            span=max_len), info
+            span=max_len, filtering=True), info
     keep = one((slots,), jnp.bool_)
     info["rows"] += ", 1 step"
     return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
-                                    span=max_len), info
+                                    span=max_len, filtering=True), info
 
 
 def _lower_bench(case: Case, devices, smoke: bool):
@@ -295,7 +294,7 @@ def _lower_bench(case: Case, devices, smoke: bool):
     info["kv_layer_bytes"] = st.k.size * st.k.dtype.itemsize // cfg.num_layers
     return engine_mod._decode.lower(cfg, params, st, keep, keep,
                                     n_steps=gpu.SAMPLER_DECODE_STEPS, n_top=0,
-                                    span=max_len), info
+                                    span=max_len, filtering=False), info
 
 
 def _device_bytes(tree) -> int:
@@ -370,6 +369,13 @@ def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
             lines.append(ln)
     cudnn = sum(1 for ln in lines if "custom-call" in ln and "cudnn" in ln.lower())
     coll = {c: sum(1 for ln in lines if re.search(rf"\b{c}(-start)?\(", ln)) for c in COLLECTIVES}
+    # The largest says whether one moves cache or weights, not just activations.
+    coll_max = 0
+    for ln in lines:
+        m = re.search(rf" = (.*?)\b({'|'.join(COLLECTIVES)})(-start)?\(", ln)
+        if m:   # an async start's result is a tuple: (operand, result)
+            coll_max = max([coll_max, *(_result_bytes("= " + t) for t in
+                                        re.findall(r"\w+\[[\d,]*\]", m.group(1)))])
     copies = []
     if big_copy_bytes:
         for ln in lines:
@@ -381,6 +387,7 @@ def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
     # XLA:GPU reads a conditional's predicate on the host (a sync) unless a CUDA graph runs it.
     conditionals = sum(1 for ln in lines if re.search(r"\bconditional\(", ln))
     return {"cudnn": cudnn, "collectives": {k: v for k, v in coll.items() if v},
+            "collective_max_bytes": coll_max,
             "conditionals": conditionals,
             "big_copies": len(copies), "big_copy_bytes": sum(copies)}
 
@@ -421,6 +428,8 @@ HEADER = ("| case | shape | args GiB | temps GiB | total GiB | + held GiB | usab
 
 def row(r: dict) -> str:
     coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "none"
+    if r["collectives"]:
+        coll += f" (largest {r['collective_max_bytes'] / 2**20:.1f} MiB)"
     copies = "-" if r["kv_layer"] is None else (
         f"{r['big_copies']} ({r['big_copy_bytes'] / GIB:.2f} GiB)")
     return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "

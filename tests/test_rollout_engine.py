@@ -4,7 +4,10 @@ forward, on the tiny random model; plus a smoke run of bench/gpu.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -13,9 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from orchestrax import models
+from orchestrax import models, parallel
 from orchestrax.rollout import engine as engine_mod
+from orchestrax.rollout import sampling
 from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 from orchestrax.rollout.embedded import EmbeddedSampler
 from orchestrax.rollout.engine import ContinuousEngine
@@ -220,11 +225,11 @@ def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucke
     spans = []
     monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
         chex.assert_max_traces(engine_mod._decode_impl, n=3), ("cfg", "n_steps", "n_top",
-                                                                "span")))
+                                                                "span", "filtering")))
     # Prompts of 3..70 tokens in 32-token chunks: (chunk, span) buckets (16, 32) for the short
     # ones, (32, 32), (32, 64), (32, 128) for the chunks of the long ones: four prefill traces.
     monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
-        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=4), ("cfg", "n_top", "span")))
+        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=4), ("cfg", "n_top", "span", "filtering")))
     eng = ContinuousEngine(cfg, p, max_batch=3, max_len=128, prefill_chunk=32)
     results = []
     for i, (n, new) in enumerate([(3, 5), (70, 9), (16, 2), (31, 11), (12, 1), (50, 4)]):
@@ -254,11 +259,12 @@ def test_bench_gpu_smoke(tmp_path):
 
 
 # --- prefix cache -------------------------------------------------------------------------------
-def _episode_group(params, *, prefix_cache: bool, turns: int = 2, g: int = 3, max_batch: int = 4):
+def _episode_group(params, *, prefix_cache: bool, turns: int = 2, g: int = 3,
+                   max_batch: int = 4, cfg: models.ModelConfig = CFG):
     """G samples of one 20-token prompt, each played `turns` turns: the next turn's prompt is
     the previous prompt + its reply + a 5-token 'tool output'. Returns (results per turn,
-    engine stats)."""
-    eng = ContinuousEngine(CFG, params, max_batch=max_batch, max_len=160, prefill_chunk=16,
+    the engine)."""
+    eng = ContinuousEngine(cfg, params, max_batch=max_batch, max_len=160, prefill_chunk=16,
                            min_chunk=8, prefix_cache=prefix_cache)
     prompts = [prompt(20, 5)] * g
     out = []
@@ -270,12 +276,13 @@ def _episode_group(params, *, prefix_cache: bool, turns: int = 2, g: int = 3, ma
         out.append(res)
         prompts = [p + r.output_ids + prompt(5, 100 + 10 * turn + i)
                    for i, (p, r) in enumerate(zip(prompts, res))]
-    return out, eng.stats
+    return out, eng
 
 
 def test_prefix_cache_same_tokens_and_logprobs_and_exact_counters(params):
     cached, on = _episode_group(params, prefix_cache=True)
     plain, off = _episode_group(params, prefix_cache=False)
+    on, off = on.stats, off.stats
     for turn_c, turn_p in zip(cached, plain):
         for c, p in zip(turn_c, turn_p):
             assert c.output_ids == p.output_ids     # greedy row 0, seeded T = 1 rows 1, 2
@@ -297,6 +304,7 @@ def test_prefix_cache_under_eviction_stays_exact(params):
     # Two slots for three samples over three turns: kept prefixes are evicted and recomputed.
     cached, on = _episode_group(params, prefix_cache=True, turns=3, max_batch=2)
     plain, _ = _episode_group(params, prefix_cache=False, turns=3, max_batch=2)
+    on = on.stats
     for turn_c, turn_p in zip(cached, plain):
         for c, p in zip(turn_c, turn_p):
             assert c.output_ids == p.output_ids
@@ -318,3 +326,126 @@ def test_new_weights_make_kept_prefixes_stale(params):
     fresh = ContinuousEngine(CFG, other, max_batch=2, max_len=96, prefill_chunk=16,
                              min_chunk=8).generate([again])[0]
     assert res.output_ids == fresh.output_ids
+
+
+# --- several devices ----------------------------------------------------------------------------
+def _collective_bytes(hlo: str) -> list[int]:
+    """Result bytes of each collective in an optimized HLO text."""
+    out = []
+    for m in re.finditer(r"= (\w+)\[([\d,]*)\][^=]*? (?:all-gather|all-reduce|reduce-scatter|"
+                         r"all-to-all|collective-permute)(?:-start)?\(", hlo):
+        size = {"pred": 1, "bf16": 2}.get(m.group(1), 4)
+        out.append(size * math.prod(int(d) for d in m.group(2).split(",") if d))
+    return out
+
+
+def test_slot_cache_splits_its_kv_heads_over_the_params_mesh_with_the_same_samples():
+    # Eight kv heads over the eight fake devices of an fsdp mesh (the params split their embed
+    # axis there): each device holds one head of every slot.
+    cfg = CFG.replace(num_heads=8, num_kv_heads=8)
+    mesh = parallel.make_mesh(parallel.MeshConfig())
+    assert mesh.shape["fsdp"] == 8
+    one = models.init_params(cfg, 0)
+    plain, _ = _episode_group(one, prefix_cache=True, cfg=cfg)
+    split = models.shard_params(cfg, one, mesh)
+    placed, eng = _episode_group(split, prefix_cache=True, cfg=cfg)
+    assert eng.stats["prefix_copies"] > 0 and eng.stats["cached_tokens"] > 0
+    for turn_p, turn_s in zip(plain, placed):
+        for p, s in zip(turn_p, turn_s):
+            assert p.output_ids == s.output_ids     # greedy row 0, seeded T = 1 rows 1, 2
+            np.testing.assert_allclose(p.logprobs, s.logprobs, atol=1e-5, rtol=0)
+    state = eng._state                      # after prefills, prefix copies and decodes
+    for x in (state.k, state.v):
+        assert x.sharding.spec == P(None, None, "fsdp")
+        assert x.addressable_shards[0].data.shape == (2, 4, 1, 160, 32)
+    assert state.mask_RS.sharding.spec == P()
+    # No collective in either step moves cache: each is at most a few rows of activations,
+    # far below one layer's k of one slot (8 heads x 160 positions x 32).
+    layer_slot = 8 * 160 * 32 * 4
+    keep = np.ones((4,), np.bool_)
+    decode = engine_mod._decode.lower(cfg, split, state, keep, keep, n_steps=2, n_top=0,
+                                      span=64, filtering=True).compile()
+    settings = jax.tree.map(lambda x: None if x is None else np.zeros((1,) + x.shape[1:],
+                                                                      x.dtype),
+                            state._replace(k=None, v=None))
+    i = np.int32(0)
+    prefill = engine_mod._prefill_chunk.lower(
+        cfg, split, state, i, np.zeros((16,), np.int32), np.ones((16,), np.bool_), i, i,
+        np.bool_(True), np.bool_(True), settings, n_top=0, span=64, filtering=True).compile()
+    for compiled in (decode, prefill):
+        sizes = _collective_bytes(compiled.as_text())
+        assert sizes and max(sizes) < layer_slot / 8, sizes
+
+
+# --- sampling without a host read -----------------------------------------------------------------
+def _before(logits_BV, *, temperature_B, top_k_B, top_p_B, seeds_B, step):
+    """The draw as it was made before `filtering`: every row filtered when any asks (a
+    lax.cond on the device, its predicate read by the host each step), else none."""
+    v = logits_BV.shape[-1]
+    t_B = jnp.where(temperature_B <= 0, 1.0, temperature_B)
+    scaled = logits_BV / t_B[:, None]
+    asks = jnp.any(sampling.filters(top_k_B, top_p_B, v))
+    filtered = jax.lax.cond(asks, sampling.filter_top_k_top_p, lambda x, *_: x, scaled, top_k_B,
+                            top_p_B)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(
+        sampling.row_keys(seeds_B, step))
+    token = jnp.where(temperature_B <= 0, jnp.argmax(logits_BV, -1),
+                      jnp.argmax(filtered + gumbel, -1))
+    return token, jnp.take_along_axis(jax.nn.log_softmax(scaled, -1), token[:, None], -1)[:, 0]
+
+
+@pytest.mark.parametrize("kind", ["greedy", "temperature", "top_k", "top_p", "mixed"])
+def test_sampling_draws_as_before_with_the_filter_chosen_on_the_host(kind):
+    rows, v = 6, 256
+    t = {"greedy": [0.0] * rows, "mixed": [0.0, 1.0, 0.7, 1.3, 1.0, 0.5]}.get(kind, [0.9] * rows)
+    k = {"top_k": [5, 20, 1, 50, 255, 8], "mixed": [-1, -1, 40, -1, 10, -1]}.get(kind, [-1] * rows)
+    p = {"top_p": [0.9, 0.5, 0.99, 0.1, 0.8, 0.95],
+         "mixed": [1.0, 1.0, 1.0, 0.9, 0.7, 1.0]}.get(kind, [1.0] * rows)
+    settings = dict(temperature_B=jnp.asarray(t, jnp.float32), top_k_B=jnp.asarray(k, jnp.int32),
+                    top_p_B=jnp.asarray(p, jnp.float32),
+                    seeds_B=jnp.arange(rows, dtype=jnp.uint32) + 11)
+    # In the mixed batch rows 1 and 5 ask for neither: they now skip the filter that let
+    # their whole vocabulary through before, and draw the same.
+    filtering = bool(sampling.filters(np.asarray(k), np.asarray(p), v).any())
+    assert filtering == (kind in ("top_k", "top_p", "mixed"))
+    for step in range(20):
+        logits = jax.random.normal(jax.random.key(step), (rows, v)) * 3.0
+        want = _before(logits, step=jnp.full((rows,), step), **settings)
+        token, logprob, _, _ = jax.jit(functools.partial(
+            sampling.sample_step, n_top=0, filtering=filtering))(
+                logits, step=jnp.full((rows,), step), **settings)
+        np.testing.assert_array_equal(token, want[0])
+        np.testing.assert_allclose(logprob, want[1], atol=1e-6, rtol=0)
+
+
+def test_a_decode_step_asks_the_host_nothing(params):
+    # lax.cond lowers to an HLO conditional, whose predicate XLA:GPU reads on the host every
+    # step; the compiled decode and prefill hold none, with the sort or without it.
+    eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=16)
+    eng.generate([req(5, 1, new=2)])
+    keep = np.ones((2,), np.bool_)
+    settings = jax.tree.map(lambda x: None if x is None else np.zeros((1,) + x.shape[1:],
+                                                                      x.dtype),
+                            eng._state._replace(k=None, v=None))
+    i = np.int32(0)
+    for filtering in (False, True):
+        decode = engine_mod._decode.lower(CFG, params, eng._state, keep, keep, n_steps=2,
+                                          n_top=0, span=32, filtering=filtering)
+        prefill = engine_mod._prefill_chunk.lower(
+            CFG, params, eng._state, i, np.zeros((16,), np.int32), np.ones((16,), np.bool_), i,
+            i, np.bool_(True), np.bool_(True), settings, n_top=0, span=32,
+            filtering=filtering)
+        for lowered in (decode, prefill):
+            text = lowered.compile().as_text()
+            assert not re.search(r"\bconditional\(", text)
+            assert bool(re.search(r"\bsort\(", text)) == filtering
+    # The engine picks the sort only for dispatches whose rows ask for it, and samples the
+    # same tokens either way for a row that does not ask.
+    plain = req(7, 2, new=6, t=0.8, sampling_seed=3)
+    nucleus = GenerateRequest(input_ids=prompt(9, 3), sampling=SamplingParams(
+        temperature=0.8, top_p=0.9, max_new_tokens=6, sampling_seed=4))
+    alone = ContinuousEngine(CFG, params, max_batch=2, max_len=64).generate([plain])[0]
+    together = ContinuousEngine(CFG, params, max_batch=2, max_len=64).generate([plain,
+                                                                                 nucleus])[0]
+    assert alone.output_ids == together.output_ids
+    np.testing.assert_allclose(alone.logprobs, together.logprobs, atol=1e-6)

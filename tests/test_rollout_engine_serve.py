@@ -195,27 +195,29 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
     p = models.init_params(cfg, 2)
     spans, chunks, traces = set(), set(), {"decode": 0, "prefill": 0}
 
-    def decode_impl(cfg, params, s, keep_R, run_R, *, n_steps, n_top, span):
+    def decode_impl(cfg, params, s, keep_R, run_R, *, n_steps, n_top, span, filtering):
         traces["decode"] += 1          # runs once per trace, not per call
         return engine_mod._decode_impl(cfg, params, s, keep_R, run_R, n_steps=n_steps,
-                                       n_top=n_top, span=span)
+                                       n_top=n_top, span=span, filtering=filtering)
 
-    def prefill_impl(cfg, params, s, slot, ids_C, *rest, n_top, span):
+    def prefill_impl(cfg, params, s, slot, ids_C, *rest, n_top, span, filtering):
         traces["prefill"] += 1
         return engine_mod._prefill_chunk_impl(cfg, params, s, slot, ids_C, *rest, n_top=n_top,
-                                              span=span)
+                                              span=span, filtering=filtering)
 
     # Upper bounds: S buckets 16..128 (four); (chunk, span) buckets: chunks 8, 16, 32 read
     # spans 16..128 (at most 3 x 4); the exact counts (one trace per bucket used) are checked
     # at the end.
     monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
-        chex.assert_max_traces(decode_impl, n=4), ("cfg", "n_steps", "n_top", "span")))
+        chex.assert_max_traces(decode_impl, n=4), ("cfg", "n_steps", "n_top", "span",
+                                                    "filtering")))
     jitted = engine_mod._jit(chex.assert_max_traces(prefill_impl, n=12),
-                             ("cfg", "n_top", "span"))
+                             ("cfg", "n_top", "span", "filtering"))
 
-    def prefill(cfg, params, s, slot, ids_C, *rest, n_top, span):
+    def prefill(cfg, params, s, slot, ids_C, *rest, n_top, span, filtering):
         chunks.add((len(ids_C), span))
-        return jitted(cfg, params, s, slot, ids_C, *rest, n_top=n_top, span=span)
+        return jitted(cfg, params, s, slot, ids_C, *rest, n_top=n_top, span=span,
+                      filtering=filtering)
     monkeypatch.setattr(engine_mod, "_prefill_chunk", prefill)
     sampler = ContinuousSampler(cfg, p, max_batch=3, max_len=128, prefill_chunk=32,
                                 min_chunk=8, decode_steps=2)

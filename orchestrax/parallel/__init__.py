@@ -3,8 +3,9 @@
 from orchestrax.parallel.distributed import allgather_json, barrier, initialize
 from orchestrax.parallel.mesh import MeshConfig, make_mesh
 from orchestrax.parallel.rules import (DEFAULT_RULES, Rules, activation_sharding, check_divisible,
-                                       constrain, logical_to_spec, tree_shardings)
+                                       constrain, fitted_spec, logical_to_spec,
+                                       tree_shardings)
 
 __all__ = ["DEFAULT_RULES", "MeshConfig", "Rules", "activation_sharding", "allgather_json",
-           "barrier", "check_divisible", "constrain", "initialize", "logical_to_spec",
+           "barrier", "check_divisible", "constrain", "fitted_spec", "initialize", "logical_to_spec",
            "make_mesh", "tree_shardings"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -32,6 +33,12 @@ DEFAULT_RULES: Rules = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("norm", None),
+    # the sampler's slot KV cache (rollout/engine.py). Its kv heads split over every axis that
+    # splits the params, so attention reads only a device's own heads and the projections
+    # exchange activations, never cache. Its slots stay whole: a prefill writes one slot at a
+    # dynamic index, and XLA gathers a whole cache whose slot axis is split to do that.
+    ("cache_slots", None),
+    ("cache_kv_heads", ("tensor", "fsdp")),
 )
 
 
@@ -66,6 +73,20 @@ def check_divisible(path: str, shape: Sequence[int], spec: PartitionSpec, mesh: 
             raise ValueError(f"{path}: dimension {dim} of size {size} is sharded over mesh axes "
                              f"{axes} of total size {n}, which does not divide it; "
                              f"mesh is {dict(mesh.shape)}")
+
+
+def fitted_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                rules: Rules = DEFAULT_RULES) -> PartitionSpec:
+    """`logical_to_spec`, but a dimension its mesh axes do not divide drops its last axes until
+    they do (whole when none fit): for buffers that may be split but need not be (8 kv heads
+    over 16 devices stay whole; over tensor 2 x fsdp 8, they split over tensor alone)."""
+    out = []
+    for size, axes in zip(shape, logical_to_spec(logical, rules, mesh)):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        while axes and size % math.prod(mesh.shape[a] for a in axes):
+            axes = axes[:-1]
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
 
 
 def tree_shardings(shapes: Any, logical: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:

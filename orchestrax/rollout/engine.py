@@ -22,7 +22,14 @@ is vmapped over the slot axis, so each row writes at its own index and positions
 its own count of real tokens. Exactly two jitted functions run: `_prefill_chunk` (one compile
 per chunk-size bucket) and `_decode` (one compile per S bucket: it reads and writes only the
 first `span` positions of every slot, the smallest power-of-two bucket that holds the longest
-occupied row), asserted by tests with `chex.assert_max_traces`.
+occupied row), asserted by tests with `chex.assert_max_traces`; each twice at most, with and
+without the top-k/top-p sort, as the host knows from the rows it dispatches (`filtering`).
+
+On several devices the state lives on the params' mesh (`state_shardings`): the cache's kv
+heads split over the axes that split the params, slots and everything else whole. Each device
+then attends over its own heads of every slot, a prefill's one-slot write stays on the devices
+that hold it, and a step exchanges only activations (no collective moves cache; the tests and
+bench/gpu_compile.py read this from the compiled HLO).
 
 Sampling is `rollout.sampling.sample_step`, the static path's own (temperature, top-k,
 top-p, penalties), given one step index per row: the draw for a row's j-th output token uses
@@ -41,11 +48,12 @@ from typing import Any, Callable, Collection, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
 
-from orchestrax import models
+from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
                                      TopLogprobs)
-from orchestrax.rollout.sampling import sample_step
+from orchestrax.rollout.sampling import filters, sample_step
 from orchestrax.rollout.validate import request_ids_error
 
 MAX_STOP_IDS = 64   # stop ids per request (the server's ServeLimits.max_stop)
@@ -81,7 +89,14 @@ class Steps(NamedTuple):
     top_lp_RNK: jax.Array
 
 
-def init_state(cfg: models.ModelConfig, slots: int, max_len: int) -> SlotState:
+def init_state(cfg: models.ModelConfig, slots: int, max_len: int,
+               mesh: Mesh | None = None) -> SlotState:
+    """A fresh state; on `mesh` (the params' mesh) it is made in place, split as
+    `state_shardings` says, so no device ever holds the whole cache."""
+    if mesh is not None:
+        shardings = state_shardings(cfg, slots, max_len, mesh)
+        return jax.jit(init_state, static_argnums=(0, 1, 2), out_shardings=shardings)(
+            cfg, slots, max_len)
     shape = (cfg.num_layers, slots, cfg.num_kv_heads, max_len, cfg.head_dim)
     dt = jnp.dtype(cfg.dtype)
     # Fresh buffers per field: the state is donated, and a buffer may be donated only once.
@@ -98,13 +113,31 @@ def init_state(cfg: models.ModelConfig, slots: int, max_len: int) -> SlotState:
 
 
 def state_logical_axes() -> SlotState:
-    """Logical axis names of each SlotState field (slots split like a batch's rows)."""
-    kv = ("layers", "batch", "kv_heads", "seq", "head_dim")
-    row = ("batch",)
-    return SlotState(k=kv, v=kv, mask_RS=("batch", "seq"), index_R=row, token_R=row,
-                     length_R=row, live_R=row, counts_RV=("batch", None), temperature_R=row,
-                     top_k_R=row, top_p_R=row, seed_R=row, max_new_R=row,
-                     stop_RX=("batch", None), presence_R=row, frequency_R=row)
+    """Logical axis names of each SlotState field (parallel/rules.py maps them)."""
+    kv = ("layers", "cache_slots", "cache_kv_heads", "seq", "head_dim")
+    row = ("cache_slots",)
+    return SlotState(k=kv, v=kv, mask_RS=("cache_slots", "seq"), index_R=row, token_R=row,
+                     length_R=row, live_R=row, counts_RV=("cache_slots", None),
+                     temperature_R=row, top_k_R=row, top_p_R=row, seed_R=row, max_new_R=row,
+                     stop_RX=("cache_slots", None), presence_R=row, frequency_R=row)
+
+
+def state_shardings(cfg: models.ModelConfig, slots: int, max_len: int,
+                    mesh: Mesh) -> SlotState:
+    """NamedSharding per SlotState field on the params' `mesh`: the kv heads of the cache split
+    over the params' axes where they divide (`parallel.fitted_spec`), the rest whole."""
+    shapes = jax.eval_shape(lambda: init_state(cfg, slots, max_len))
+    return jax.tree.map(
+        lambda x, names: NamedSharding(mesh, parallel.fitted_spec(names, x.shape, mesh)),
+        shapes, state_logical_axes(), is_leaf=lambda t: isinstance(t, tuple) and all(
+            isinstance(e, (str, type(None))) for e in t))
+
+
+def params_mesh(params: Any) -> Mesh | None:
+    """The mesh the params are placed on (None: on one device, or not placed by mesh)."""
+    leaf = jax.tree.leaves(params)[0]
+    sharding = getattr(leaf, "sharding", None)
+    return sharding.mesh if isinstance(sharding, NamedSharding) else None
 
 
 # --- device functions -------------------------------------------------------------------------
@@ -112,11 +145,12 @@ def _cache(s: SlotState) -> models.SlotCache:
     return models.SlotCache(s.k, s.v, s.mask_RS)
 
 
-def _sample(logits_RV, s: SlotState, step_R, n_top: int):
+def _sample(logits_RV, s: SlotState, step_R, n_top: int, filtering: bool):
     """Per-row sampling at per-row step indices -> (token, logprob, top ids, top logprobs)."""
     return sample_step(logits_RV, temperature_B=s.temperature_R, top_k_B=s.top_k_R,
                        top_p_B=s.top_p_R, seeds_B=s.seed_R, step=step_R, n_top=n_top,
-                       counts_BV=s.counts_RV, presence_B=s.presence_R, frequency_B=s.frequency_R)
+                       counts_BV=s.counts_RV, presence_B=s.presence_R, frequency_B=s.frequency_R,
+                       filtering=filtering)
 
 
 def _take_row(s: SlotState, slot) -> SlotState:
@@ -128,7 +162,7 @@ def _take_row(s: SlotState, slot) -> SlotState:
 def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot: jax.Array,
                         ids_C: jax.Array, valid_C: jax.Array, index: jax.Array, keep: jax.Array,
                         first: jax.Array, last: jax.Array, settings: SlotState, *, n_top: int,
-                        span: int):
+                        span: int, filtering: bool):
     """Write one prompt chunk into `slot` at position `index`, attending to its first `span`
     positions; the slot's mask is first cut to positions < `keep` (a reused prefix, or all
     but nothing on a fresh row). `first` installs `settings` (a one-row SlotState of sampling
@@ -153,7 +187,7 @@ def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot
     s = s._replace(counts_RV=jnp.where(first, s.counts_RV.at[slot].set(0), s.counts_RV))
     row = _take_row(s, slot)
     token, logprob, top_ids, top_lp = _sample(logits_1V, row, jnp.zeros((1,), jnp.int32),
-                                              n_top)
+                                              n_top, filtering)
     token, logprob = token[0], logprob[0]
     done = jnp.any(token == row.stop_RX[0]) | (row.max_new_R[0] <= 1)
     s = s._replace(
@@ -178,7 +212,7 @@ def _copy_prefix_impl(s: SlotState, src: jax.Array, dst: jax.Array, n: jax.Array
 
 
 def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax.Array,
-                 run_R: jax.Array, *, n_steps: int, n_top: int, span: int
+                 run_R: jax.Array, *, n_steps: int, n_top: int, span: int, filtering: bool
                  ) -> tuple[SlotState, Steps]:
     """`n_steps` decode steps for every live row with run_R True; rows with keep_R False
     (aborted) stop first, live rows with run_R False (held this step) keep their state. Each
@@ -195,7 +229,8 @@ def _decode_impl(cfg: models.ModelConfig, params: Any, s: SlotState, keep_R: jax
         live_R = s.live_R & run_R
         logits_RV, c = models.forward_slots(cfg, params, s.token_R[:, None], one_R1, _cache(s),
                                             s.index_R, span=span)
-        token_R, logprob_R, top_ids, top_lp = _sample(logits_RV, s, s.length_R, n_top)
+        token_R, logprob_R, top_ids, top_lp = _sample(logits_RV, s, s.length_R, n_top,
+                                                      filtering)
         stop_R = jnp.any(token_R[:, None] == s.stop_RX, axis=-1)
         length_R = s.length_R + live_R
         done_R = stop_R | (length_R >= s.max_new_R)
@@ -221,8 +256,8 @@ def _jit(impl, static):
     return jax.jit(impl, static_argnames=static, donate_argnames=("s",))
 
 
-_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top", "span"))
-_decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top", "span"))
+_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top", "span", "filtering"))
+_decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top", "span", "filtering"))
 _copy_prefix = _jit(_copy_prefix_impl, ("span",))
 
 
@@ -436,7 +471,8 @@ class ContinuousEngine:
             self._epoch += 1    # kept prefixes were computed by other weights
             self._epoch_of = (self.params, self.weight_version)
         if self._state is None and self.busy:
-            self._state = init_state(self.cfg, self.max_batch, self.max_len)
+            self._state = init_state(self.cfg, self.max_batch, self.max_len,
+                                     params_mesh(self.params))
         self.failures = []
         self._admit()
         for job in self._slots:
@@ -636,6 +672,13 @@ class ContinuousEngine:
             stop_RX=stop, presence_R=one(sp.presence_penalty, np.float32),
             frequency_R=one(sp.frequency_penalty, np.float32))
 
+    def _filtering(self, jobs: list[_Job]) -> bool:
+        """Whether a dispatch sampling for `jobs` needs the top-k/top-p sort (a static choice:
+        at most two programs per shape, and no host read of a device predicate per step)."""
+        sp = [j.request.sampling for j in jobs]
+        return bool(filters(np.asarray([p.top_k for p in sp]),
+                            np.asarray([p.top_p for p in sp]), self.cfg.vocab_size).any())
+
     def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
         i, c, at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
         first, last = i == 0, i + 1 == len(job.chunks)
@@ -644,7 +687,8 @@ class ContinuousEngine:
         self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
             self.cfg, self.params, self._state, np.int32(job.slot), ids, valid,
             np.int32(index), np.int32(index), np.bool_(first), np.bool_(last),
-            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index + c))
+            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index + c),
+            filtering=self._filtering([job]))
         job.next_chunk += 1
         content = self._content[job.slot]
         real = np.flatnonzero(valid)
@@ -667,8 +711,11 @@ class ContinuousEngine:
         run = np.asarray([j is not None and j.rid not in hold for j in self._slots])
         span = self.span(hold)
         n_steps = self.steps_at(span)
+        decoding = [j for j in self._slots
+                    if j is not None and not j.prefilling and j.rid not in hold]
         self._state, steps = _decode(self.cfg, self.params, self._state, keep, run,
-                                     n_steps=n_steps, n_top=self.top_logprobs, span=span)
+                                     n_steps=n_steps, n_top=self.top_logprobs, span=span,
+                                     filtering=self._filtering(decoding))
         self.stats["decode_dispatches"] += 1
         steps, live = jax.device_get((steps, self._state.live_R))
         for slot, job in enumerate(self._slots):

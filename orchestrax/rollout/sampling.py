@@ -51,13 +51,22 @@ def apply_penalties(logits_BV: jax.Array, counts_BV: jax.Array, presence_B: jax.
             - presence_B[:, None] * (counts_BV > 0).astype(jnp.float32))
 
 
+def filters(top_k_B, top_p_B, vocab: int):
+    """Which rows ask for top-k or top-p (bool [B]); numpy or jax arrays alike, so the host
+    decides from the settings it dispatches what the device computes (`filtering`)."""
+    return ((top_k_B > 0) & (top_k_B < vocab)) | (top_p_B < 1.0)
+
+
 def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.Array,
-                top_p_B: jax.Array, seeds_B: jax.Array, step: jax.Array
+                top_p_B: jax.Array, seeds_B: jax.Array, step: jax.Array, filtering: bool = True
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """float32 [B, V] logits -> (int32 token [B], float32 logprob [B], float32 logp [B, V]).
 
     temperature 0 = greedy. logp_BV is log_softmax(logits / T), the distribution the logprobs
-    (and any top logprobs) are read from.
+    (and any top logprobs) are read from. Rows that ask for top-k/top-p (`filters`) sample
+    from their filtered logits, the others from all of them. `filtering=False` promises that
+    no row whose token is used asks: the O(V log V) sort is left out of the program. It is
+    static, known to the caller, so the device never asks the host which way to go.
     """
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = temperature_B <= 0
@@ -65,10 +74,10 @@ def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.
     scaled_BV = logits_BV / t_B[:, None]
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
     v = logits_BV.shape[-1]
-    # The sort behind top-k/top-p costs O(V log V) per row; skip it when no row asks for it.
-    needs_filter = jnp.any(((top_k_B > 0) & (top_k_B < v)) | (top_p_B < 1.0))
-    filtered_BV = jax.lax.cond(needs_filter, filter_top_k_top_p, lambda x, *_: x,
-                               scaled_BV, top_k_B, top_p_B)
+    filtered_BV = scaled_BV
+    if filtering:
+        filtered_BV = jnp.where(filters(top_k_B, top_p_B, v)[:, None],
+                                filter_top_k_top_p(scaled_BV, top_k_B, top_p_B), scaled_BV)
     gumbel_BV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(
         row_keys(seeds_B, step))
     sampled_B = jnp.argmax(filtered_BV + gumbel_BV, axis=-1)
@@ -80,10 +89,11 @@ def sample_next(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.
 def sample_step(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.Array,
                 top_p_B: jax.Array, seeds_B: jax.Array, step: jax.Array, n_top: int,
                 counts_BV: jax.Array | None = None, presence_B: jax.Array | None = None,
-                frequency_B: jax.Array | None = None
+                frequency_B: jax.Array | None = None, filtering: bool = True
                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """One decode step's draw for both batchers (static `decode`, continuous `engine`):
-    penalties when `counts_BV` is given, then `sample_next`, then the `n_top` most likely ids.
+    penalties when `counts_BV` is given, then `sample_next` (`filtering` as there), then the
+    `n_top` most likely ids.
 
     Returns (int32 token [B], float32 logprob [B], int32 top ids [B, n_top], float32 top
     logprobs [B, n_top]); the top logprobs are read from the same log_softmax(logits / T).
@@ -93,7 +103,7 @@ def sample_step(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.
                                     frequency_B)
     token_B, logprob_B, logp_BV = sample_next(
         logits_BV, temperature_B=temperature_B, top_k_B=top_k_B, top_p_B=top_p_B,
-        seeds_B=seeds_B, step=step)
+        seeds_B=seeds_B, step=step, filtering=filtering)
     if n_top:
         top_lp_BK, top_ids_BK = jax.lax.top_k(logp_BV, n_top)
     else:
