@@ -13,9 +13,9 @@ config_multinode = _recipe["config_multinode"]
 
 def config_embedded():
     """One 8-GPU node with the built-in JAX sampler instead of SGLang (one process, all 8 GPUs).
-    A 24k-slot bf16 KV cache row is 3.5 GB, and the engine keeps its whole slot cache on every
-    GPU (it does not split the slots over the mesh yet): 16 slots compile to 58.1 GiB a GPU for
-    a prefill chunk and 56.2 for a decode step, +13.4 held, of 75.7 (bench/gpu_compile.py)."""
+    A 24k-slot bf16 KV cache row is 3.5 GB; the engine splits its cache's 8 kv heads over the 8
+    GPUs: 16 slots compile to 9.0 GiB a GPU for a prefill chunk and 8.6 for a decode step,
+    +13.4 held, of 75.7 (bench/gpu_compile.py)."""
     import dataclasses
     c = config()
     # 128 rows / 4 minibatches / 4 micro-batches = 8 rows a micro-step, one a GPU (fewer rows
