@@ -449,3 +449,34 @@ def test_a_decode_step_asks_the_host_nothing(params):
                                                                                  nucleus])[0]
     assert alone.output_ids == together.output_ids
     np.testing.assert_allclose(alone.logprobs, together.logprobs, atol=1e-6)
+
+
+def test_a_slot_cache_the_device_cannot_hold_is_refused_naming_its_sizes():
+    # Qwen3-8B in bf16 at the recipe's context: a slot's K and V are
+    # 2 x 36 layers x 8 kv heads x 24,576 positions x 128 dims x 2 bytes = 3,623,878,656 bytes.
+    cfg = models.preset("qwen3-8b", dtype="bfloat16")
+    per_slot_kv = 2 * 36 * 8 * 24_576 * 128 * 2
+    # ...plus its mask (S bools), penalty counts (V int32), stop ids (int32), ten 4-byte
+    # scalars and one bool.
+    per_slot = per_slot_kv + 24_576 + 151_936 * 4 + 4 * (engine_mod.MAX_STOP_IDS + 10) + 1
+    assert engine_mod.state_bytes_per_device(cfg, 64, 24_576) == 64 * per_slot
+    # Eight devices over the kv heads: each holds one head of the cache, the rest whole.
+    mesh = parallel.make_mesh(parallel.MeshConfig())
+    split = engine_mod.state_bytes_per_device(cfg, 64, 24_576, mesh)
+    assert split == 64 * (per_slot_kv // 8 + per_slot - per_slot_kv)
+
+    weights = jax.eval_shape(functools.partial(models.compute_copy, cfg), jax.eval_shape(
+        functools.partial(models.init_params, cfg, 0)))
+    w_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights))
+    h200 = 141 * 10**9
+    with pytest.raises(ValueError) as e:   # the default 64 slots at 24k on one H200
+        engine_mod.check_state_fits(cfg, 64, 24_576, None, weights, h200)
+    message = str(e.value)
+    assert "max_batch=64" in message and "max_len=24576" in message
+    assert "rollout.sampler_max_batch" in message and "--max-batch" in message
+    fits = (h200 - w_bytes) // per_slot
+    assert f"at most {fits} slots" in message and 30 < fits < 36
+    # What fits passes; no known limit (the CPU reports none) checks nothing.
+    engine_mod.check_state_fits(cfg, fits, 24_576, None, weights, h200)
+    engine_mod.check_state_fits(cfg, 64, 24_576, None, weights, None)
+    assert jax.devices()[0].memory_stats() is None or jax.default_backend() != "cpu"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, Collection, NamedTuple
 
 import jax
@@ -131,6 +132,51 @@ def state_shardings(cfg: models.ModelConfig, slots: int, max_len: int,
         lambda x, names: NamedSharding(mesh, parallel.fitted_spec(names, x.shape, mesh)),
         shapes, state_logical_axes(), is_leaf=lambda t: isinstance(t, tuple) and all(
             isinstance(e, (str, type(None))) for e in t))
+
+
+def state_bytes_per_device(cfg: models.ModelConfig, slots: int, max_len: int,
+                           mesh: Mesh | None = None) -> int:
+    """Bytes of the slot state one device holds (the whole state without a mesh)."""
+    shapes = jax.eval_shape(lambda: init_state(cfg, slots, max_len))
+    if mesh is None:
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    return sum(math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize
+               for x, sh in zip(jax.tree.leaves(shapes),
+                                jax.tree.leaves(state_shardings(cfg, slots, max_len, mesh))))
+
+
+def check_state_fits(cfg: models.ModelConfig, slots: int, max_len: int, mesh: Mesh | None,
+                     params: Any, limit_bytes: int | None) -> None:
+    """Raise, naming the sizes that set it, when the slot state plus this device's share of
+    `params` exceeds `limit_bytes` (a device's memory; None: unknown, no check). Every slot
+    reserves `max_len` positions, so a default left at 64 slots of a 24k context asks ~226 GB
+    of KV for an 8B model: better said when the engine is built than as an allocator failure
+    at its first request."""
+    if limit_bytes is None:
+        return
+    cache = state_bytes_per_device(cfg, slots, max_len, mesh)
+    weights = sum(math.prod(_shard_shape(a)) * a.dtype.itemsize for a in jax.tree.leaves(params))
+    if cache + weights > limit_bytes:
+        per_slot = cache / slots
+        fits = max(0, int((limit_bytes - weights) // per_slot))
+        raise ValueError(
+            f"ContinuousEngine: max_batch={slots} slots x max_len={max_len} positions need "
+            f"{cache / 2**30:.1f} GiB of cache a device beside {weights / 2**30:.1f} GiB of "
+            f"weights, over the device's {limit_bytes / 2**30:.1f} GiB; at most {fits} slots "
+            f"of {max_len} fit (lower rollout.sampler_max_batch or rollout.context_tokens; "
+            "serve: --max-batch or --max-len)")
+
+
+def _shard_shape(a: Any) -> tuple[int, ...]:
+    sharding = getattr(a, "sharding", None)
+    return sharding.shard_shape(a.shape) if sharding is not None else a.shape
+
+
+def device_memory_limit(mesh: Mesh | None) -> int | None:
+    """A device's memory in bytes as its runtime reports it (None on CPU, which does not)."""
+    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+    stats = device.memory_stats() or {}
+    return stats.get("bytes_limit")
 
 
 def params_mesh(params: Any) -> Mesh | None:
@@ -375,6 +421,8 @@ class ContinuousEngine:
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"ContinuousEngine.top_logprobs={top_logprobs}; must be in "
                              f"[0, {MAX_TOP_LOGPROBS}]")
+        mesh = params_mesh(params)
+        check_state_fits(cfg, max_batch, max_len, mesh, params, device_memory_limit(mesh))
         self.cfg, self.params, self.weight_version = cfg, params, weight_version
         self.max_batch, self.max_len = max_batch, max_len
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
