@@ -5,9 +5,8 @@ is: the next turn's prompt is the previous one + the reply + a tool output of fi
 The G episodes run concurrently against one `ContinuousSampler` (each turn one `generate`
 call); the prefix cache lets the G samples share the prompt's prefill and each turn prefill
 only its new tokens. Reports output tokens per second over the whole group, prompt tokens
-prefilled (the engine's counter) and reused, for the cache on and off (and the static batcher,
-today's default for training), alternating rounds after a warm-up that compiles every
-bucket; checks that all gave the same tokens (greedy) .
+prefilled (the engine's counter) and reused, for the cache on and off, alternating rounds after
+a warm-up that compiles every bucket; checks that both gave the same tokens (greedy).
 
 CPU numbers (tiny model, fp32, shared cores): the prefill counter is exact on any machine;
 tokens/s says what the saved prefill is worth here, where prefill is compute a GPU would do
@@ -32,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench.common import record  # noqa: E402
 from orchestrax import models  # noqa: E402
 from orchestrax.rollout.sampler import GenerateRequest, SamplingParams  # noqa: E402
-from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler  # noqa: E402
+from orchestrax.rollout.embedded import ContinuousSampler  # noqa: E402
 
 
 async def group(sampler, *, g: int, turns: int, prompt: int, reply: int, tool: int,
@@ -68,7 +67,6 @@ def main() -> None:
     ap.add_argument("--reply", type=int, default=32)
     ap.add_argument("--tool", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--no-static", action="store_true")
     args = ap.parse_args()
     cfg = models.tiny_config(vocab_size=1024, hidden_size=256, intermediate_size=768,
                              num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32)
@@ -81,8 +79,6 @@ def main() -> None:
         "no-cache": lambda: ContinuousSampler(cfg, params, prefill_chunk=128, top_logprobs=0,
                                               prefix_cache=False, **kw),
     }
-    if not args.no_static:
-        make["static"] = lambda: EmbeddedSampler(cfg, params, **kw)
     shape = dict(g=args.samples, turns=args.turns, prompt=args.prompt, reply=args.reply,
                  tool=args.tool, vocab=cfg.vocab_size)
     for kind in make:   # warm-up: every bucket compiled
@@ -93,16 +89,13 @@ def main() -> None:
         for kind in make:
             sampler = make[kind]()
             runs[kind].append(asyncio.run(group(sampler, **shape)))
-            if kind != "static":
-                counters[kind] = sampler.take_counters()
+            counters[kind] = sampler.take_counters()
     tokens = sum(len(t) for sample in runs["cache"][0][1] for t in sample)
     same = all(r[0][1] == runs["cache"][0][1] for r in runs.values())
     rate = {k: tokens / float(np.median([s for s, _ in rs])) for k, rs in runs.items()}
     for kind in make:
-        print(f"{kind:>9}: {rate[kind]:8,.0f} tok/s  {counters.get(kind, '')}")
+        print(f"{kind:>9}: {rate[kind]:8,.0f} tok/s  {counters[kind]}")
     on, off = counters["cache"], counters["no-cache"]
-    static = (f"; static batcher {rate['static']:,.0f} tok/s (cache/static "
-              f"{rate['cache'] / rate['static']:.2f}x)" if "static" in rate else "")
     record(f"engine multi-turn (CPU fp32, tiny L={cfg.num_layers} D={cfg.hidden_size}, greedy): "
            f"{args.samples} samples x {args.turns} turns of one {args.prompt}-token prompt, "
            f"{args.reply}-token replies, {args.tool}-token tool outputs, continuous engine, "
@@ -110,7 +103,7 @@ def main() -> None:
            f"{on['prefill_tokens']:,} prompt tokens prefilled ({on['cached_tokens']:,} reused); "
            f"without {rate['no-cache']:,.0f} tok/s, {off['prefill_tokens']:,} prefilled; "
            f"prefill tokens {off['prefill_tokens'] / on['prefill_tokens']:.1f}x fewer, "
-           f"tok/s {rate['cache'] / rate['no-cache']:.2f}x{static}; same greedy tokens: "
+           f"tok/s {rate['cache'] / rate['no-cache']:.2f}x; same greedy tokens: "
            f"{same} (python bench/engine_multiturn.py)")
     if not same:
         raise SystemExit("the samplers gave different greedy tokens")

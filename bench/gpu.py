@@ -172,19 +172,6 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2     # k+v, bf16
     steps_bytes = sum(weight_bytes + concurrency * (prompt + j) * kv_per_token
                       for j in range(new))
-    peer_s = None
-    if smoke:  # the static batcher as the peer (on a GPU its compiles would not fit the budget)
-        import asyncio
-        from orchestrax.rollout.embedded import EmbeddedSampler
-        async def timed_static() -> float:  # one event loop: the sampler's queue is bound to it
-            static = EmbeddedSampler(cfg, params, max_batch=concurrency, max_len=chunk + new)
-            await static.generate(requests(new))   # its shapes bucket by max_new: warm all
-            reqs = requests(new)
-            t0 = time.perf_counter()
-            await static.generate(reqs)
-            return time.perf_counter() - t0
-
-        peer_s = asyncio.run(timed_static())
     chip = _chip()
     floor_s = steps_bytes / HBM_BYTES_PER_S[chip] if chip else None
     compiled = eng_mod._decode.lower(cfg, params, engine._state,
@@ -194,7 +181,7 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
                                      span=engine.max_len, filtering=False).compile()
     return {"what": f"sampler@{concurrency}", "model": "tiny" if smoke else "qwen3-8b",
             "requests": concurrency, "prompt": prompt, "new": new, "wall_s": wall,
-            "tok_s": out_tokens / wall, "floor_s": floor_s, "static_s": peer_s,
+            "tok_s": out_tokens / wall, "floor_s": floor_s,
             "floor_frac": floor_s / wall if floor_s else None, "compile_s": compile_s,
             "compiled_bytes": _compiled_bytes(compiled), "peak_bytes": _peak_bytes()}
 
@@ -285,8 +272,6 @@ def describe(r: dict) -> str:
                 f"{r['tok_s']:,.0f} out tok/s, {r['wall_s']:.2f} s vs floor "
                 f"{_fmt(r['floor_s'], ' s', digits=2)} "
                 f"({_fmt(r['floor_frac'] and 100 * r['floor_frac'], '%')} of the floor), "
-                f"{_fmt(r['static_s'] and r['static_s'] / r['wall_s'], 'x', digits=2)} the "
-                f"static EmbeddedSampler's speed on the same requests, "
                 f"compile {r['compile_s']:.0f} s, {mem}")
     return f"{r['what']}: ready in {r['start_s']:.2f} s, {r['episodes']} episodes played"
 

@@ -1,6 +1,6 @@
 """Soak of `orchestrax serve` with poisoned requests mixed into normal traffic.
 
-    python bench/serve_poison.py [--minutes 10] [--engine continuous] [--clients 8]
+    python bench/serve_poison.py [--minutes 10] [--clients 8]
     python bench/serve_poison.py --fair-share   # only the giant-call latency A/B
     python bench/serve_poison.py --fair-share --giant-tokens 1000 --no-reserve-0   # minutes
 
@@ -32,7 +32,7 @@ import aiohttp  # noqa: E402
 
 from orchestrax import models  # noqa: E402
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer  # noqa: E402
-from orchestrax.rollout.embedded import ContinuousSampler, make_embedded_sampler  # noqa: E402
+from orchestrax.rollout.embedded import ContinuousSampler  # noqa: E402
 from orchestrax.rollout.server import ServerState, bound_port, start  # noqa: E402
 from orchestrax.rollout.sglang_client import post_json  # noqa: E402
 
@@ -82,8 +82,7 @@ async def small_latency(http, url, n: int = 5) -> float:
 async def main(args) -> dict:
     tok = tiny_qwen3_tokenizer()
     cfg = models.tiny_config(vocab_size=len(tok))
-    sampler = make_embedded_sampler(args.engine, cfg, models.init_params(cfg, seed=0),
-                                    max_batch=16, max_len=128)
+    sampler = ContinuousSampler(cfg, models.init_params(cfg, seed=0), max_batch=16, max_len=128)
     runner = await start(ServerState(sampler=sampler, model_path="tiny", tokenizer=tok,
                                      weight_roots=("/tmp",)), port=0)
     url = f"http://127.0.0.1:{bound_port(runner)}"
@@ -245,7 +244,6 @@ def run_fair_share(record: bool, giant_requests: int, giant_tokens: int,
 def run() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--engine", default="continuous", choices=("static", "continuous"))
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--fair-share", action="store_true",
@@ -261,14 +259,14 @@ def run() -> None:
     s = asyncio.run(main(args))
     ok = s["lost"] == 0 and s["changed"] == 0 and s["poison_4xx"] == s["poison"]
     import os
-    line = (f"- {datetime.date.today()} serve poison soak ({s['minutes']:.1f} min, {args.engine} "
+    line = (f"- {datetime.date.today()} serve poison soak ({s['minutes']:.1f} min, continuous "
             f"engine, tiny model, {args.clients} good clients + 1 poisoner): {s['good']} good "
             f"requests, lost {s['lost']}, changed {s['changed']}; {s['poison']} poisoned, "
             f"{s['poison_4xx']} answered 4xx; {s['giants']} giant calls (256 x 64 tokens) "
             f"mixed in; a small request's median latency during a giant call / idle = "
             f"{s['small_latency_ratio']:.2f}x; load average {os.getloadavg()[0]:.1f} on "
             f"{os.cpu_count()} cores; {'OK' if ok else 'FAILED'} (python bench/serve_poison.py "
-            f"--minutes {args.minutes:g} --engine {args.engine})")
+            f"--minutes {args.minutes:g})")
     print(line)
     if not args.no_record:
         with open(ROOT / "bench" / "RESULTS.md", "a") as f:

@@ -19,7 +19,6 @@ class _Fields(argparse.Action):
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    from orchestrax.rollout.embedded import ENGINES  # the eval parser imports it anyway
     # Flags are shorthands of ServeConfig fields (dest = the field); one not given is absent.
     p = sub.add_parser("serve", argument_default=argparse.SUPPRESS,
                        help="SGLang-compatible HTTP server backed by the embedded sampler")
@@ -39,9 +38,6 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--param-dtype", choices=("auto", "float32", "bfloat16"),
                    help="weights are cast to this once at load (auto, the default: bfloat16 on "
                         "GPU/TPU, float32 on CPU)")
-    p.add_argument("--engine", choices=ENGINES,
-                   help="batcher: static batches, or continuous batching (requests join and "
-                        "leave between decode steps; the default)")
     p.add_argument("--dispatch-reads", type=at_least(1),
                    help="continuous engine: cache positions one decode dispatch reads per row "
                         "(steps x span; 2048): fewer decode steps a dispatch at long spans, so "

@@ -62,7 +62,7 @@ def _embedded(cfg: SamplerConfig, model: models.ModelConfig | None, params: Any)
     from orchestrax.rollout.embedded import make_embedded_sampler
     if model is None or params is None:
         raise ValueError("SamplerConfig.backend='embedded' needs the model config and params")
-    return make_embedded_sampler(cfg.engine, model, params, max_batch=cfg.max_batch,
+    return make_embedded_sampler(model, params, max_batch=cfg.max_batch,
                                  max_len=cfg.max_len, seed=cfg.seed,
                                  weight_version=cfg.weight_version,
                                  dispatch_reads=cfg.dispatch_reads)

@@ -213,7 +213,7 @@ def test_an_embedded_policy_gets_no_more_slots_than_episodes_in_flight(tmp_path,
         """Ends the command before any episode runs."""
 
     def load_policy(spec, **kw):
-        asked.append((kw["engine"], kw["max_batch"], kw["max_len"]))
+        asked.append((kw["max_batch"], kw["max_len"]))
         raise Stop
 
     monkeypatch.setattr(eval_command, "load_policy", load_policy)
@@ -224,7 +224,7 @@ def test_an_embedded_policy_gets_no_more_slots_than_episodes_in_flight(tmp_path,
         with pytest.raises(Stop):
             cli(["eval", "--policy", str(run), "--tasks", "routing", "--no-progress",
                  "--out", str(tmp_path / "out"), *extra])
-    assert asked == [("continuous", 16, 1024), ("continuous", 4, 1024), ("continuous", 16, 1024)]
+    assert asked == [(16, 1024), (4, 1024), (16, 1024)]
 
 
 @pytest.fixture
@@ -306,25 +306,28 @@ def config():
 
 def test_eval_takes_the_runs_eval_sampling_and_says_so(tmp_path):
     """A run that evaluated 3 samples per task at T=0.7 with seed 5 over 2 of its eval tasks (the
-    demo's kind of settings): eval follows all of it; a flag overrides with a warning."""
+    demo's kind of settings): eval follows all of it; a flag overrides with a warning. The run
+    is one from before the one embedded engine (its config names the static batcher): that
+    record is ignored, its policy runs on the continuous engine."""
     from agent_fixtures import write_tiny_run
     from orchestrax.eval.eval_command import EvalCommand, resolve_settings
     from orchestrax.train.train_config import RolloutConfig
 
     run = tmp_path / "run"
     write_tiny_run(run, name="t", env=RoutingConfig(num_eval=4),
-                   rollout=RolloutConfig(engine="static", seconds_per_token=0.05),
+                   rollout=RolloutConfig(seconds_per_token=0.05),
                    eval_samples=3, eval_temperature=0.7, eval_tasks=2)
     saved = json.loads((run / "train_config.json").read_text())   # the fixture's seed is the
+    saved["rollout"]["engine"] = "static"
     (run / "train_config.json").write_text(json.dumps(saved | {"seed": 5}))  # model's: set the run's
     used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",)))
-    assert {k: used[k] for k in ("temperature", "samples", "seed", "eval_tasks", "engine",
+    assert {k: used[k] for k in ("temperature", "samples", "seed", "eval_tasks",
                                  "seconds_per_token")} == {
-        "temperature": 0.7, "samples": 3, "seed": 5, "eval_tasks": 2, "engine": "static",
-        "seconds_per_token": 0.05}
+        "temperature": 0.7, "samples": 3, "seed": 5, "eval_tasks": 2, "seconds_per_token": 0.05}
+    assert "engine" not in used
     assert notes[0].startswith("eval settings: enable_thinking=True max_new_tokens=2048 "
                                "max_turns=50 context_tokens=24000 temperature=0.7 samples=3 "
-                               "seed=5 seconds_per_token=0.05 engine=static eval_tasks=2 ")
+                               "seed=5 seconds_per_token=0.05 eval_tasks=2 ")
     assert len(notes) == 1
     used, notes = resolve_settings(EvalCommand(policy=str(run), tasks=("routing",), samples=1,
                                                seed=0))

@@ -20,11 +20,10 @@ CFG = models.tiny_config()
 SPT = 0.03
 
 
-def _serve_together(engine: str):
+def _serve_together():
     """(8 results of the same prompt, measured seconds of each) with 8 other prompts in flight,
     all submitted at once through the episode's own sampler call."""
-    sampler = make_embedded_sampler(engine, CFG, models.init_params(CFG, 0), max_batch=16,
-                                    max_len=64)
+    sampler = make_embedded_sampler(CFG, models.init_params(CFG, 0), max_batch=16, max_len=64)
     rng = np.random.default_rng(0)
     same = rng.integers(0, CFG.vocab_size, 12).tolist()
     others = [rng.integers(0, CFG.vocab_size, int(n)).tolist() for n in rng.integers(5, 20, 8)]
@@ -47,13 +46,12 @@ def _trajectory(result, seconds) -> Trajectory:
             name="search", arguments={}, observation="", cost=0.001, latency=2.0)])])
 
 
-@pytest.mark.parametrize("engine", ["static", "continuous"])
-def test_identical_trajectories_get_identical_rewards_on_both_engines(engine):
-    served = _serve_together(engine)
+def test_identical_trajectories_get_identical_rewards():
+    served = _serve_together()
     assert len({tuple(r.output_ids) for r, _ in served}) == 1     # greedy: the same tokens
     group = [_trajectory(r, s) for r, s in served]
     walls = [t.generation_s for t in group]
-    print(f"{engine}: measured sampler seconds of the 8 identical requests", walls)
+    print("measured sampler seconds of the 8 identical requests", walls)
     latency_pairs = 0
     for pair in PAIRS_TRAIN:
         P = [pair.tool, pair.outcome, pair.compute, pair.latency]

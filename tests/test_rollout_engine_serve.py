@@ -1,5 +1,5 @@
-"""The continuous-batching engine behind `orchestrax serve` and the trainer's embedded sampler
-(`engine="continuous"`): the same answers as the static batcher over real HTTP, joining a
+"""The continuous-batching engine behind `orchestrax serve` and the trainer's embedded sampler:
+the same answers over real HTTP with requests joining a running batch as each alone, joining a
 running batch, freeing a slot on disconnect, weight swaps, one compile per bucket; plus the
 serve/trainer options that came with it (`--param-dtype`, `TrainConfig.remat`)."""
 
@@ -18,7 +18,7 @@ from orchestrax import cli, models, registry
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import engine as engine_mod
 from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
-from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.train import serve as serve_mod
 from orchestrax.train import setup
@@ -30,7 +30,7 @@ CFG = models.tiny_config(vocab_size=len(TOK), tie_embeddings=False)
 
 def params(seed):
     p = models.init_params(CFG, seed=seed)
-    # A sharp head: greedy choices are far from ties, so both batchers must agree exactly.
+    # A sharp head: greedy choices are far from ties, so batch mates cannot change them.
     return {**p, "lm_head": p["lm_head"] * 20.0}
 
 
@@ -60,7 +60,7 @@ async def post(http, url, body):
         return await r.json()
 
 
-def test_continuous_server_answers_as_the_static_one():
+def test_requests_joining_a_running_batch_get_the_answers_they_get_alone():
     p = params(0)
     # Prompt lengths 3..40 with budgets 2..12; 3 slots for 6 greedy requests, so later ones
     # join while earlier ones decode.
@@ -72,12 +72,15 @@ def test_continuous_server_answers_as_the_static_one():
                  "sampling_params": {"temperature": 0.8, "max_new_tokens": 6, "n": 2,
                                      "sampling_seed": 4}}
 
-    async def calls(http, url, sampler):
-        first = await asyncio.gather(*(post(http, url, b) for b in greedy),
-                                     post(http, url, sampled_n))
+    async def calls(http, url, sampler, together=True):
+        if together:
+            first = await asyncio.gather(*(post(http, url, b) for b in greedy),
+                                         post(http, url, sampled_n))
+        else:
+            first = [await post(http, url, b) for b in (*greedy, sampled_n)]
         ref = first[0]["output_ids"]
         # A stop id (the fourth token of the first answer) and a stop string (its decoded
-        # fifth token): both cut the answer, identically in both batchers.
+        # fifth token): both cut the answer, identically together and alone.
         stop_id = {**greedy[0], "sampling_params": {**greedy[0]["sampling_params"],
                                                     "stop_token_ids": [ref[3]]}}
         stop_text = TOK.decode([ref[4]])
@@ -85,9 +88,11 @@ def test_continuous_server_answers_as_the_static_one():
                                                      "stop": stop_text}}
         return first, await post(http, url, stop_id), await post(http, url, stop_str), stop_text
 
-    static = asyncio.run(serving(EmbeddedSampler(CFG, p, max_batch=8, max_len=96), calls))
+    # The reference: each call alone, in an engine without a prefix cache.
+    alone = asyncio.run(serving(continuous(p, prefix_cache=False),
+                                lambda *a: calls(*a, together=False)))
     cont = asyncio.run(serving(continuous(p), calls))
-    for s, c in zip([*static[0][:-1], static[1], static[2]], [*cont[0][:-1], cont[1], cont[2]]):
+    for s, c in zip([*alone[0][:-1], alone[1], alone[2]], [*cont[0][:-1], cont[1], cont[2]]):
         assert c["output_ids"] == s["output_ids"]
         assert c["meta_info"]["finish_reason"] == s["meta_info"]["finish_reason"]
         np.testing.assert_allclose([t[0] for t in c["meta_info"]["output_token_logprobs"]],
@@ -95,8 +100,8 @@ def test_continuous_server_answers_as_the_static_one():
                                    atol=1e-5, rtol=0)
     for c, b in zip(cont[0], greedy):
         assert len(c["output_ids"]) == b["sampling_params"]["max_new_tokens"]
-    # n = 2: two distinct draws, each equal to the static batcher's (same per-row seed keys).
-    s_n, c_n = static[0][-1], cont[0][-1]
+    # n = 2: two distinct draws, each equal to its draw alone (per-row seed keys).
+    s_n, c_n = alone[0][-1], cont[0][-1]
     assert len(c_n) == 2 and c_n[0]["output_ids"] != c_n[1]["output_ids"]
     assert [x["output_ids"] for x in c_n] == [x["output_ids"] for x in s_n]
     ref = cont[0][0]["output_ids"]
@@ -237,27 +242,20 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
     assert traces == {"decode": len(spans), "prefill": len(chunks)}
 
 
-def test_engine_and_remat_options_are_validated_and_applied(tmp_path):
-    with pytest.raises(ValueError, match="RolloutConfig.engine='paged'; allowed: static"):
-        RolloutConfig(engine="paged")
+def test_remat_option_is_validated_and_applied_and_the_sampler_is_the_engine(tmp_path):
+    with pytest.raises(TypeError, match="'engine'"):   # one embedded batcher: no field picks it
+        RolloutConfig(engine="static")
     with pytest.raises(ValueError, match="TrainConfig.remat='most'; allowed: none, full"):
         TrainConfig(name="t", hf_path=str(tmp_path), remat="most")
     with pytest.raises(ValueError, match="TrainConfig.remat='full' is for hf_path runs"):
         TrainConfig(name="t", model=CFG, remat="full")
     models.save_hf(CFG, params(0), tmp_path, dtype="float32")
     run = TrainConfig(name="t", hf_path=str(tmp_path), remat="full", steps=0,
-                      rollout=RolloutConfig(engine="continuous", context_tokens=96,
-                                            sampler_max_batch=2))
+                      rollout=RolloutConfig(context_tokens=96, sampler_max_batch=2))
     model_cfg, p = setup.load_params(run, None)
     assert model_cfg.remat == "full" and model_cfg.vocab_size == CFG.vocab_size
     sampler = registry.build_sampler(setup.sampler_config(run), model_cfg, p)
     assert isinstance(sampler, ContinuousSampler) and sampler.max_batch == 2
-    default = registry.build_sampler(setup.sampler_config(run.replace(rollout=RolloutConfig())),
-                                     model_cfg, p)
-    assert type(default) is ContinuousSampler
-    static = registry.build_sampler(setup.sampler_config(run.replace(
-        rollout=RolloutConfig(engine="static"))), model_cfg, p)
-    assert type(static) is EmbeddedSampler
 
 
 def serve_args(*argv: str) -> serve_mod.ServeConfig:
@@ -271,15 +269,15 @@ def test_serve_param_dtype_casts_once_and_float32_keeps_greedy_outputs(tmp_path)
     models.save_hf(CFG, params(0), tmp_path, dtype="float32")    # fp32 master weights on disk
     TOK.save_pretrained(tmp_path)
     bf16 = serve_mod.build_state(serve_args("--model", str(tmp_path), "--param-dtype",
-                                            "bfloat16", "--engine", "continuous"))
+                                            "bfloat16"))
     assert isinstance(bf16.sampler, ContinuousSampler)
     leaves = jax.tree.leaves(bf16.sampler.params)
     assert {str(x.dtype) for x in leaves} == {"bfloat16"}
     ref = jax.tree.leaves(params(0))
     assert all(np.array_equal(np.asarray(a), np.asarray(b.astype("bfloat16")))
                for a, b in zip(leaves, ref))
-    # On CPU "auto" is float32: the tiny server (default engine) serves exactly init_params,
-    # and its greedy answers are those of a static sampler over those params.
+    # On CPU "auto" is float32: the tiny server serves exactly init_params, and its greedy
+    # answers are those of a sampler built over those params.
     tiny = serve_mod.build_state(serve_args("--tiny", "--seed", "3"))
     direct = models.init_params(models.tiny_config(vocab_size=len(TOK)), seed=3)
     assert all(a.dtype == np.float32 and np.array_equal(a, b) for a, b in
@@ -290,7 +288,7 @@ def test_serve_param_dtype_casts_once_and_float32_keeps_greedy_outputs(tmp_path)
     async def both():
         cfg = tiny.sampler.cfg
         out = (await tiny.sampler.generate([req]))[0]
-        ref = (await EmbeddedSampler(cfg, direct, max_len=64).generate([req]))[0]
+        ref = (await ContinuousSampler(cfg, direct, max_len=64).generate([req]))[0]
         half = (await bf16.sampler.generate([req]))[0]
         await tiny.sampler.aclose()
         return out, ref, half

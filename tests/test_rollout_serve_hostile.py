@@ -1,5 +1,5 @@
 """`orchestrax serve` under hostile requests: every sampling integer is bounded at the protocol,
-a request that fails while it is served fails alone (both engines, both routes), the inputs that
+a request that fails while it is served fails alone (both routes), the inputs that
 used to answer 500 answer 400 naming the field, unsafe start options are refused, bodies are
 parsed off the event loop, and a giant call cannot hold a small one back (the fair queue)."""
 
@@ -17,22 +17,23 @@ from orchestrax import cli, models
 from orchestrax.agent.scripted import tiny_qwen3_tokenizer
 from orchestrax.rollout import http_io
 from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
-from orchestrax.rollout.embedded import ContinuousSampler, EmbeddedSampler
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.fair import FairQueue
 from orchestrax.rollout.server import ServerState
 
 TOK = tiny_qwen3_tokenizer()
 CFG = models.tiny_config(vocab_size=len(TOK), tie_embeddings=False)
 PARAMS = models.init_params(CFG, seed=0)
-ENGINES = {"static": lambda: EmbeddedSampler(CFG, PARAMS, max_batch=16, max_len=96,
-                                             min_bucket=16),
-           "continuous": lambda: ContinuousSampler(CFG, PARAMS, max_batch=16, max_len=96,
-                                                   prefill_chunk=16, decode_steps=4)}
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-def serve(engine, fn, **state_kw):
-    return run_serve(lambda: ServerState(sampler=ENGINES[engine](), model_path="tiny",
+def sampler16() -> ContinuousSampler:
+    return ContinuousSampler(CFG, PARAMS, max_batch=16, max_len=96, prefill_chunk=16,
+                             decode_steps=4)
+
+
+def serve(fn, **state_kw):
+    return run_serve(lambda: ServerState(sampler=sampler16(), model_path="tiny",
                                          tokenizer=TOK, **state_kw), fn)
 
 
@@ -46,8 +47,7 @@ def good_chat(i):
             "temperature": 0.9, "seed": i}
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_an_out_of_range_top_k_is_its_own_400_and_the_15_others_are_unchanged(engine):
+def test_an_out_of_range_top_k_is_its_own_400_and_the_15_others_are_unchanged():
     """A top_k of 2**31 overflowed the int32 row and failed every request in flight (500)."""
     bad_g = good_generate(99)
     bad_g["sampling_params"]["top_k"] = 2**31
@@ -64,7 +64,7 @@ def test_an_out_of_range_top_k_is_its_own_400_and_the_15_others_are_unchanged(en
                                 "/v1/chat/completions")
         return alone, mixed, over_vocab
 
-    alone, mixed, over_vocab = serve(engine, fn)
+    alone, mixed, over_vocab = serve(fn)
     together = mixed[1:-1]
     assert [s for s, _ in together] == [200] * 30
     assert [b["output_ids"] for _, b in together[:15]] == [b["output_ids"] for _, b in alone[:15]]
@@ -85,14 +85,13 @@ def poisoned(sampler, request):
     return p.future
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_request_that_fails_while_served_fails_alone(engine):
+def test_a_request_that_fails_while_served_fails_alone():
     goods = [GenerateRequest(input_ids=(5, 17, 40 + i, 3), sampling=SamplingParams(
         temperature=0.9, max_new_tokens=5, sampling_seed=i)) for i in range(15)]
     bad = GenerateRequest(input_ids=(5, 6, 7), sampling=SamplingParams(top_k=2**31))
 
     async def main():
-        sampler = ENGINES[engine]()
+        sampler = sampler16()
         alone = [r for (r,) in await asyncio.gather(*(sampler.generate([g]) for g in goods))]
         together = asyncio.gather(*(sampler.generate([g]) for g in goods[:7]))
         fut = poisoned(sampler, bad)
@@ -160,7 +159,7 @@ def test_inputs_that_answered_500_answer_400_naming_the_field(tmp_path):
                                     {"max_new_tokens": 2**31}}), "max_new_tokens"),
         ]
 
-    for (status, body), field in serve("continuous", fn, weight_roots=(str(tmp_path),)):
+    for (status, body), field in serve(fn, weight_roots=(str(tmp_path),)):
         assert status == 400, (field, body)
         assert field in body["error"]["message"], (field, body)
 
@@ -203,7 +202,7 @@ def test_bodies_are_parsed_and_checked_off_the_event_loop(monkeypatch):
         return await post(http, url, {"input_ids": [5] * 50, "sampling_params":
                                       {"max_new_tokens": 2}})
 
-    status, _ = serve("continuous", fn)
+    status, _ = serve(fn)
     assert status == 200 and threads == [False, False]
 
 
@@ -231,22 +230,16 @@ def test_the_fair_queue_lets_a_small_request_pass_a_giant_backlog():
     assert left == 1024 - 3 + 1 - 5 + 6 - 4
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_giant_call_delays_a_small_one_by_a_bounded_number_of_turns(engine):
+def test_a_giant_call_delays_a_small_one_by_a_bounded_number_of_turns():
     """One call of 48 requests is queued first; a small call that arrives once the giant has
     started finishes after at most two batches' worth of the giant's requests (FIFO: all)."""
-    def make():
-        kw = dict(max_batch=4, max_len=64)
-        return (EmbeddedSampler(CFG, PARAMS, min_bucket=16, chunk_tokens=4, **kw)
-                if engine == "static" else
-                ContinuousSampler(CFG, PARAMS, prefill_chunk=16, decode_steps=4, **kw))
-
     giant = [GenerateRequest(input_ids=(5, 6, 7, i % 50), sampling=SamplingParams(
         temperature=0.0, max_new_tokens=4, stop_token_ids=())) for i in range(48)]
     small = GenerateRequest(input_ids=(9, 9), sampling=SamplingParams(max_new_tokens=2))
 
     async def main():
-        sampler = make()
+        sampler = ContinuousSampler(CFG, PARAMS, max_batch=4, max_len=64, prefill_chunk=16,
+                                    decode_steps=4)
         done_giants = []
 
         async def one(r):
@@ -254,7 +247,7 @@ def test_a_giant_call_delays_a_small_one_by_a_bounded_number_of_turns(engine):
             done_giants.append(r)
 
         tasks = [asyncio.create_task(one(r)) for r in giant]
-        while not (sampler._running or getattr(sampler, "_live", None)) and not any(
+        while not sampler._live and not any(
                 t.done() for t in tasks):
             await asyncio.sleep(0.001)   # until the giant call is being served
         await sampler.generate([small], client="small")
@@ -395,7 +388,7 @@ def test_a_request_poisoned_inside_the_engine_fails_alone_on_both_routes(kind):
                          answer(after[1]))
         return out, st.sampler.stats
 
-    out, stats = serve("continuous", fn)
+    out, stats = serve(fn)
     for path, (alone, statuses, together, bad_status, after) in out.items():
         assert statuses == [200] * 15, path
         assert together == alone, path
@@ -512,7 +505,7 @@ def test_a_step_that_fails_with_any_rows_fails_its_requests_once_and_serving_goe
         after = await post(http, url, greedy_generate(0))
         return before, failed, after, dict(st.sampler.stats)
 
-    before, (status, body), after, stats = serve("continuous", fn)
+    before, (status, body), after, stats = serve(fn)
     assert status == 500
     assert "TypeError" in body["error"]["message"]
     assert "with no request in it" in body["error"]["message"]

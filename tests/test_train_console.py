@@ -68,18 +68,19 @@ def test_resolved_config_is_written_and_read_back_as_eval_settings(tmp_path):
     assert settings == {"enable_thinking": False, "max_new_tokens": 24, "max_turns": 2,
                         "context_tokens": 768, "temperature": 0.0, "eval_samples": 1,
                         "top_p": 1.0, "top_k": -1, "seconds_per_token": 0.03,
-                        "engine": "continuous", "sampler_max_batch": 64, "seed": 0,
+                        "sampler_max_batch": 64, "seed": 0,
                         "eval_tasks": None, "eval_sheet": None, "preferences": True,
                         "env_kind": "RoutingConfig", "name": "t"}
     assert routing_from_json(env) == cfg.env  # what eval measures the `routing` task set on
     (tmp_path / "model").mkdir()
     assert run_info.policy_settings(tmp_path / "model")[1] == path
     assert run_info.policy_settings(tmp_path / "model" / "x") is None
-    # A run config without the field (written before there was a choice) reads as the default.
+    # A run config from before the one embedded engine names its batcher: read as before,
+    # the name ignored (every embedded sampler is the continuous engine).
     saved = json.loads(path.read_text())
-    del saved["rollout"]["engine"]
+    saved["rollout"]["engine"] = "static"
     path.write_text(json.dumps(saved))
-    assert run_info.policy_settings(tmp_path)[0]["engine"] == "continuous"
+    assert run_info.policy_settings(tmp_path)[0] == settings | {"env": env}
     (tmp_path / run_info.RUN_CONFIG).write_text("{}")
     with pytest.raises(ValueError, match="train_config.json: not a run config"):
         run_info.policy_settings(tmp_path)

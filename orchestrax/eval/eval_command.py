@@ -133,7 +133,7 @@ _FLAG = {"enable_thinking": "--thinking-on/--no-thinking", "max_new_tokens": "--
          "temperature": "--temperature", "samples": "--samples", "seed": "--seed",
          "seconds_per_token": "--seconds-per-token"}
 # Followed from the run with no flag of their own (its eval's sampler and task set).
-_RUN_ONLY = {"top_p": 1.0, "top_k": -1, "engine": "continuous", "sampler_max_batch": 64,
+_RUN_ONLY = {"top_p": 1.0, "top_k": -1, "sampler_max_batch": 64,
              "eval_tasks": None, "eval_sheet": None}
 
 
@@ -290,7 +290,7 @@ def run(args: EvalCommand) -> int:
     policy = load_policy(args.policy, model=args.model, tokenizer=args.tokenizer,
                          api_key_env=args.api_key_env, max_len=settings["context_tokens"],
                          param_dtype=args.param_dtype, seed=settings["seed"],
-                         engine=settings["engine"], max_batch=slots)
+                         max_batch=slots)
     schedule, line = seed_schedule(settings, policy)
     print(line, flush=True)
     cfg = dataclasses.replace(cfg, seed_schedule=schedule)

@@ -141,14 +141,14 @@ def _tokenizer(spec: str | None, fallback: pathlib.Path | None):
 
 
 def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
-              max_batch: int, seed: int, engine: str):
+              max_batch: int, seed: int):
     """(sampler, default tokenizer dir, checkpoint step or None) for an HF directory or a
     training run directory (its newest whole checkpoint's params only, through the trainer's
     one reader)."""
     from orchestrax.train.checkpoint import load_model
     model = load_model(path, dtype=dtype, param_dtype=param_dtype, field="--policy")
     sampler = registry.build_sampler(SamplerConfig(
-        backend="embedded", engine=engine, max_batch=max_batch, max_len=max_len,
+        backend="embedded", max_batch=max_batch, max_len=max_len,
         weight_version=model.version, seed=seed), model.cfg, model.params)
     return sampler, model.tokenizer_dir, int(model.version) if model.version.isdigit() else None
 
@@ -159,7 +159,7 @@ PARAM_DTYPES = ("float32", "bfloat16")   # what serve's --param-dtype offers
 def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = None,
                 api_key_env: str | None = None, dtype: str = "float32",
                 param_dtype: str = "float32", max_len: int = 32_768, max_batch: int = 64,
-                seed: int = 0, engine: str = "continuous") -> Policy:
+                seed: int = 0) -> Policy:
     """`spec`: `openai:URL` (needs `model`), `sglang:URL` (needs `tokenizer`), or a directory
     (an HF checkpoint or a training run's out_dir) for the embedded sampler, which computes in
     `dtype` and holds its params in `param_dtype` (a run's fp32 master weights are cast as they
@@ -182,7 +182,6 @@ def load_policy(spec: str, *, model: str | None = None, tokenizer: str | None = 
         raise FileNotFoundError(f"--policy {spec}: not a directory, and not sglang:URL or "
                                 "openai:URL")
     sampler, tok_dir, step = _embedded(path, dtype=dtype, param_dtype=param_dtype,
-                                       max_len=max_len, max_batch=max_batch, seed=seed,
-                                       engine=engine)
+                                       max_len=max_len, max_batch=max_batch, seed=seed)
     return TokenPolicy(sampler, _tokenizer(tokenizer, tok_dir), name=path.name, step=step)
 

@@ -1,20 +1,16 @@
-"""The embedded JAX samplers: concurrent `generate` calls share batched forward passes.
+"""The embedded JAX sampler: concurrent `generate` calls share the forward passes of one
+continuously batching engine (`rollout.engine.ContinuousEngine`).
 
-Two batchers behind one interface (`generate`, `stream`, `abort`, `set_params`), picked by
-`engine` in `make_embedded_sampler`: "static" (`EmbeddedSampler`, below) and "continuous"
-(`ContinuousSampler`, at the end of this file, over `rollout.engine.ContinuousEngine`).
-
-Every coroutine that calls `generate` (or `stream`) puts its requests on one asyncio queue; a
-single batcher task drains up to `max_batch` of them, pads them into bucketed shapes (so jit
-compiles once per bucket, not per call), runs the prefill and then decode chunks of
-`chunk_tokens` steps, polling for completion so the event loop keeps serving other coroutines
-(HTTP handlers, tools) while the device works. Between chunks, new tokens go to streaming
-callers and rows whose caller is gone (cancelled or aborted) stop decoding.
+Every coroutine that calls `generate` (or `stream`) puts its requests on one fair queue; a
+single loop task moves them into the engine's free slots and runs engine steps (one prefill
+chunk plus `decode_steps` decode steps) in a worker thread, so the event loop keeps serving
+other coroutines (HTTP handlers, tools) while the device works. After each step, new tokens go
+to streaming callers, and rows whose caller is gone (cancelled or aborted) leave the engine.
 
 Each request is validated on its own when it is admitted (`admit_error`), so a bad value can
-only fail its own caller, never the batch it would have joined. Params are read at the start of
-each batch, from the reference or getter given (never copied), so a trainer's in-place update is
-seen by the next batch.
+only fail its own caller, never the step it would have joined. Params are read before each
+step, from the reference or getter given (never copied), so a trainer's in-place update is
+seen by the next step.
 """
 
 from __future__ import annotations
@@ -31,12 +27,8 @@ import numpy as np
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
                                      TopLogprobs)
-from orchestrax.rollout.decode import Rows, decode_chunk, prefill
-from orchestrax.rollout.engine import ContinuousEngine, bucket
+from orchestrax.rollout.engine import ContinuousEngine
 from orchestrax.rollout.fair import FairQueue, StepShare
-from orchestrax.rollout.validate import request_ids_error
-
-ENGINES = ("static", "continuous")
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +39,7 @@ class EngineFault(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class StreamDelta:
-    """Tokens one decode chunk added to a request; `result` is set on the last delta."""
+    """Tokens one engine step added to a request; `result` is set on the last delta."""
     output_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     top_logprobs: tuple[TopLogprobs, ...]
@@ -68,311 +60,10 @@ class _Pending:
     top: list[TopLogprobs] = dataclasses.field(default_factory=list)
 
 
-class EmbeddedSampler(Sampler):
-    """Sampler protocol over `models.forward_with_cache` on whatever mesh the params live on."""
-
-    engine_name = "static"   # its name in ENGINES (`/server_info` reports it)
-
-    def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
-                 max_len: int = 4096, weight_version: str = "0", seed: int = 0,
-                 min_bucket: int = 16, gather_s: float = 0.0, poll_s: float = 0.0005,
-                 chunk_tokens: int = 64):
-        for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
-                                ("min_bucket", min_bucket, 1), ("chunk_tokens", chunk_tokens, 1)):
-            if value < lo:
-                raise ValueError(f"EmbeddedSampler.{name}={value}; must be >= {lo}")
-        self.cfg = cfg
-        self.max_batch, self.max_len, self.min_bucket = max_batch, max_len, min_bucket
-        self.gather_s, self.poll_s, self.chunk_tokens = gather_s, poll_s, chunk_tokens
-        self.weight_version = weight_version
-        self._params = None if callable(params_or_getter) else params_or_getter
-        self._getter: Callable[[], Any] = (params_or_getter if callable(params_or_getter)
-                                           else lambda: self._params)
-        self._rng = np.random.default_rng(seed)
-        self._queue = FairQueue()   # per client (one per `generate` call unless named)
-        self._queued: dict[_Pending, None] = {}   # what the queue holds, in order, for abort
-        self._running: list[_Pending] = []
-        self._task: asyncio.Task | None = None
-        self.stats = {"batches": 0, "requests": 0, "tokens": 0}
-        # Cleared by `pause`: no decode chunk or engine step starts until `resume` sets it.
-        self.unpaused = asyncio.Event()
-        self.unpaused.set()
-
-    # --- public API ----------------------------------------------------------------------------
-    @property
-    def params(self) -> Any:
-        return self._getter()
-
-    def set_params(self, params: Any, weight_version: str) -> None:
-        """Serve `params` from the next batch on (a batch in flight finishes on the old ones)."""
-        self._params = params
-        self._getter = lambda: self._params
-        self.weight_version = weight_version
-
-    def drop_params(self) -> None:
-        """Free this sampler's weights until the next `set_params` (a trainer's step needs the
-        memory; nothing may be generated in between)."""
-        self._params = None
-        self._getter = lambda: self._params
-
-    async def publish(self, params: Any, version: str) -> None:
-        self.set_params(sampler_copy(self.cfg, params), weight_version=version)
-
-    def admit_error(self, r: GenerateRequest) -> str | None:
-        """Why this sampler cannot run `r` (naming the field), or None. `generate` raises it as a
-        ValueError before anything is queued."""
-        error = request_ids_error(r, vocab_size=self.cfg.vocab_size, max_len=self.max_len)
-        if error:
-            return error
-        if r.top_logprobs > MAX_TOP_LOGPROBS:
-            return f"top_logprobs={r.top_logprobs}; must be in [0, {MAX_TOP_LOGPROBS}]"
-        return None
-
-    async def generate(self, requests: Sequence[GenerateRequest], client: Any = None
-                       ) -> list[GenerateResult]:
-        """`client` keys the fair queue (requests of one client share its turn); None: this
-        call is a client of its own."""
-        pendings = [self._admit(r) for r in requests]  # validate all before queueing any
-        self._enqueue(pendings, client)
-        try:
-            return list(await asyncio.gather(*(p.future for p in pendings)))
-        finally:  # cancelled (the caller left): rows still queued or running are dropped
-            for p in pendings:
-                p.future.cancel()
-
-    async def stream(self, request: GenerateRequest, client: Any = None
-                     ) -> AsyncIterator[StreamDelta]:
-        """Deltas of one request as its decode chunks finish; the last carries the result.
-        Closing the iterator early drops the request from its batch."""
-        p = self._admit(request, stream=True)
-        self._enqueue([p], client)
-        try:
-            while True:
-                delta = await p.deltas.get()
-                if delta is None:  # the batch failed
-                    raise p.future.exception()
-                yield delta
-                if delta.result is not None:
-                    return
-        finally:
-            p.future.cancel()
-
-    def pause(self) -> None:
-        """Hold every request where it is (queued, or between decode chunks / engine steps)."""
-        self.unpaused.clear()
-
-    def resume(self) -> None:
-        self.unpaused.set()
-
-    def release_cache(self) -> None:
-        """Free the KV cache kept between requests while idle (this batcher keeps none)."""
-
-    def abort(self, rid: str | None = None) -> int:
-        """Finish queued and running requests with `rid` (all when None) as 'abort' now; running
-        rows stop decoding at the end of the current chunk. Returns the count."""
-        n = 0
-        for p in self._pending():
-            if (rid is None or p.request.rid == rid) and not p.future.done():
-                self._finish(p, "abort")
-                n += 1
-        return n
-
-    async def aclose(self) -> None:
-        self.abort()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-
-    @property
-    def outstanding(self) -> int:
-        return sum(not p.future.done() for p in self._pending())
-
-    # --- internals -----------------------------------------------------------------------------
-    def _pending(self) -> list[_Pending]:
-        return [*self._queued, *self._running]
-
-    def _admit(self, r: GenerateRequest, stream: bool = False) -> _Pending:
-        why = self.admit_error(r)
-        if why is not None:
-            raise ValueError(why)
-        seed = r.sampling.sampling_seed
-        if seed is None:
-            seed = int(self._rng.integers(0, 2**31 - 1))
-        return _Pending(request=r, seed=seed % (2**32),
-                        max_new=min(r.sampling.max_new_tokens, self.max_len - len(r.input_ids)),
-                        future=asyncio.get_running_loop().create_future(),
-                        deltas=asyncio.Queue() if stream else None)
-
-    def _enqueue(self, pendings: list[_Pending], client: Any = None) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._batch_loop())
-        client = object() if client is None else client
-        for p in pendings:
-            p.client = client if isinstance(client, tuple) else (client,)
-            self._queue.put_nowait(p, client, len(p.request.input_ids) + p.max_new)
-            self._queued[p] = None
-
-    async def _batch_loop(self) -> None:
-        while True:
-            first = await self._queue.get()
-            if self.gather_s > 0:
-                await asyncio.sleep(self.gather_s)
-            else:
-                await asyncio.sleep(0)  # let coroutines woken together join this batch
-            batch = [first]
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            for p in batch:
-                del self._queued[p]
-            batch = [p for p in batch if not p.future.done() and self._prepared(p)]
-            if not batch:
-                continue
-            self._running = batch
-            try:
-                await self._run(batch)
-            except Exception as e:  # a device failure fails this batch's callers, not the loop
-                await self._isolate(batch, e)
-            finally:
-                self._running = []
-
-    def _prepared(self, p: _Pending) -> bool:
-        """Whether `p`'s row values fit the device arrays; if not, `p` fails alone."""
-        try:
-            self._rows([p], 1)
-        except Exception as e:
-            self._finish(p, error=e)
-            return False
-        return True
-
-    async def _isolate(self, batch: list[_Pending], error: Exception) -> None:
-        """A failed batch cannot say which row failed it: rerun each request alone, so only one
-        that fails by itself fails its caller. A stream that already got tokens fails (its
-        rerun would send them twice)."""
-        for p in batch:
-            if p.future.done():
-                continue
-            if len(batch) == 1 or (p.ids and p.deltas is not None):
-                self._finish(p, error=error)
-                continue
-            p.ids, p.logprobs, p.top = [], [], []
-            self._running = [p]
-            try:
-                await self._run([p])
-            except Exception as e:
-                self._finish(p, error=e)
-
-    def _rows(self, batch: list[_Pending], rows: int) -> Rows:
-        n_stop = bucket(max(len(p.request.sampling.stop_token_ids) for p in batch), lo=4,
-                        hi=1 << 30)
-        temp = np.zeros((rows,), np.float32)
-        top_p = np.ones((rows,), np.float32)
-        top_k = np.full((rows,), -1, np.int32)
-        seeds = np.zeros((rows,), np.uint32)
-        max_new = np.zeros((rows,), np.int32)
-        stop = np.full((rows, n_stop), -1, np.int32)
-        presence = np.zeros((rows,), np.float32)
-        frequency = np.zeros((rows,), np.float32)
-        for i, p in enumerate(batch):
-            sp = p.request.sampling
-            temp[i], top_p[i], top_k[i] = sp.temperature, sp.top_p, sp.top_k
-            seeds[i], max_new[i] = p.seed, p.max_new
-            stop[i, :len(sp.stop_token_ids)] = sp.stop_token_ids
-            presence[i], frequency[i] = sp.presence_penalty, sp.frequency_penalty
-        return Rows(temperature_B=temp, top_k_B=top_k, top_p_B=top_p, seeds_B=seeds,
-                    max_new_B=max_new, stop_ids_BS=stop, presence_B=presence,
-                    frequency_B=frequency)
-
-    async def _ready(self, tree: Any) -> Any:
-        # Dispatch is asynchronous: poll instead of blocking so the event loop stays live.
-        while not all(x.is_ready() for x in jax.tree.leaves(tree)):
-            await asyncio.sleep(self.poll_s)
-        return jax.device_get(tree)
-
-    async def _run(self, batch: list[_Pending]) -> None:
-        # At least 8 rows: decode is memory-bound, so padding rows is nearly free and saves
-        # compiles.
-        n_rows = bucket(len(batch), lo=min(8, self.max_batch), hi=self.max_batch)
-        t = bucket(max(len(p.request.input_ids) for p in batch), lo=self.min_bucket,
-                   hi=self.max_len)
-        n_new = bucket(max(p.max_new for p in batch), lo=self.min_bucket, hi=self.max_len)
-        want_top = max(p.request.top_logprobs for p in batch)
-        n_top = bucket(want_top, lo=4, hi=MAX_TOP_LOGPROBS) if want_top else 0
-        penalize = any(p.request.sampling.presence_penalty or p.request.sampling.frequency_penalty
-                       for p in batch)
-        prompt = np.zeros((n_rows, t), np.int32)
-        mask = np.zeros((n_rows, t), np.int32)
-        mask[:, -1] = 1  # padding rows see one token so their attention is never empty
-        for i, p in enumerate(batch):
-            ids = p.request.input_ids
-            prompt[i, t - len(ids):] = ids
-            mask[i, t - len(ids):] = 1
-        rows = self._rows(batch, n_rows)
-        version, params = self.weight_version, self._getter()
-        static = dict(n_top=n_top, penalize=penalize)
-        state = prefill(self.cfg, params, prompt, mask, rows, total_len=t + n_new, **static)
-        keep = np.zeros((n_rows,), bool)
-        while True:
-            await self.unpaused.wait()
-            keep[:len(batch)] = [not p.future.done() for p in batch]
-            state, chunk = decode_chunk(self.cfg, params, state, rows, keep,
-                                        chunk=self.chunk_tokens, **static)
-            before = [len(p.ids) for p in batch]
-            chunk, length, done, stopped = await self._ready(
-                (chunk, state.length_B, state.done_B, state.stopped_B))
-            for i, p in enumerate(batch):
-                k = int(length[i]) - before[i]
-                if k <= 0 or p.future.done():
-                    continue
-                delta = StreamDelta(
-                    output_ids=tuple(int(x) for x in chunk.tokens_BC[i, :k]),
-                    logprobs=tuple(float(x) for x in chunk.logprobs_BC[i, :k]),
-                    top_logprobs=tuple(
-                        tuple(zip(map(int, chunk.top_ids_BCK[i, j, :p.request.top_logprobs]),
-                                  map(float, chunk.top_lp_BCK[i, j, :p.request.top_logprobs])))
-                        for j in range(k)) if p.request.top_logprobs else (),
-                    weight_version=version)
-                p.ids += delta.output_ids
-                p.logprobs += delta.logprobs
-                p.top += delta.top_logprobs
-                if bool(done[i]):
-                    self._finish(p, "stop" if stopped[i] else "length", version, delta)
-                elif p.deltas is not None:
-                    p.deltas.put_nowait(delta)
-            if all(done[:len(batch)]):
-                break
-        self.stats["batches"] += 1
-        self.stats["requests"] += len(batch)
-        self.stats["tokens"] += int(length[:len(batch)].sum())
-
-    def _finish(self, p: _Pending, reason: str = "abort", version: str | None = None,
-                delta: StreamDelta | None = None, error: Exception | None = None) -> None:
-        if p.future.done():
-            return
-        if error is not None:
-            p.future.set_exception(error)
-            p.future.exception()  # a caller that left never retrieves it: mark it seen
-            if p.deltas is not None:
-                p.deltas.put_nowait(None)
-            return
-        result = GenerateResult(output_ids=tuple(p.ids), logprobs=tuple(p.logprobs),
-                                top_logprobs=tuple(p.top), finish_reason=reason,
-                                prompt_tokens=len(p.request.input_ids),
-                                weight_version=self.weight_version if version is None else version,
-                                rid=p.request.rid)
-        p.future.set_result(result)
-        if p.deltas is not None:
-            d = delta or StreamDelta((), (), (), result.weight_version)
-            p.deltas.put_nowait(dataclasses.replace(d, result=result))
-
-
-class ContinuousSampler(EmbeddedSampler):
-    """`EmbeddedSampler`'s interface over a `ContinuousEngine`: a request joins the running
-    batch at the next engine step (one prefill chunk plus `decode_steps` decode steps) instead
-    of waiting for the whole batch to finish, and leaves it as soon as it is done.
+class ContinuousSampler(Sampler):
+    """The `Sampler` interface (`generate`, `stream`, `abort`, `set_params`) over a
+    `ContinuousEngine`: a request joins the running batch at the next engine step (one prefill
+    chunk plus `decode_steps` decode steps) and leaves it as soon as it is done.
 
     Params are read before every engine step, so `set_params` (the trainer's push, or the
     server's `update_weights_from_disk`) applies from the next step on, also to rows in flight;
@@ -392,18 +83,28 @@ class ContinuousSampler(EmbeddedSampler):
     prefix cache); `drop_params` frees it with the weights (the trainer's step needs both).
     """
 
-    engine_name = "continuous"
-
     def __init__(self, cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int = 64,
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
                  prefill_chunk: int = 512, decode_steps: int = 8, min_chunk: int = 16,
                  top_logprobs: int = MAX_TOP_LOGPROBS, prefix_cache: bool = True,
                  reserve_slots: int = 1, dispatch_reads: int | None = None):
-        if reserve_slots < 0:
-            raise ValueError(f"ContinuousSampler.reserve_slots={reserve_slots}; must be >= 0")
-        super().__init__(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
-                         weight_version=weight_version, seed=seed, min_bucket=min_chunk,
-                         chunk_tokens=decode_steps)
+        for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
+                                ("reserve_slots", reserve_slots, 0)):
+            if value < lo:
+                raise ValueError(f"ContinuousSampler.{name}={value}; must be >= {lo}")
+        self.cfg = cfg
+        self.max_batch, self.max_len = max_batch, max_len
+        self.weight_version = weight_version
+        self._params = None if callable(params_or_getter) else params_or_getter
+        self._getter: Callable[[], Any] = (params_or_getter if callable(params_or_getter)
+                                           else lambda: self._params)
+        self._rng = np.random.default_rng(seed)
+        self._queue = FairQueue()   # per client (one per `generate` call unless named)
+        self._queued: dict[_Pending, None] = {}   # what the queue holds, in order, for abort
+        self._task: asyncio.Task | None = None
+        # Cleared by `pause`: no engine step starts until `resume` sets it.
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
         # params=None: the loop hands the engine the current params before every step.
         self.engine = ContinuousEngine(
             cfg, None, max_batch=max_batch, max_len=max_len,
@@ -427,17 +128,95 @@ class ContinuousSampler(EmbeddedSampler):
         self.stats = {"steps": 0, "requests": 0, "tokens": 0, "reruns": 0, "held_steps": 0,
                       "faults": 0}
 
+    # --- public API ----------------------------------------------------------------------------
+    @property
+    def params(self) -> Any:
+        return self._getter()
+
+    def set_params(self, params: Any, weight_version: str) -> None:
+        """Serve `params` from the next engine step on, rows in flight included."""
+        self._params = params
+        self._getter = lambda: self._params
+        self.weight_version = weight_version
+
+    async def publish(self, params: Any, version: str) -> None:
+        self.set_params(sampler_copy(self.cfg, params), weight_version=version)
+
     def admit_error(self, r: GenerateRequest) -> str | None:
         return self.engine.admit_error(r)
 
     def drop_params(self) -> None:
-        super().drop_params()
-        if not self.engine.busy:   # nothing is generated until the next set_params
-            self.engine.release()
-
-    def release_cache(self) -> None:
+        """Free this sampler's weights, and its slot cache when idle, until the next
+        `set_params` (a trainer's step needs the memory; nothing may be generated in between)."""
+        self._params = None
+        self._getter = lambda: self._params
         if not self.engine.busy:
             self.engine.release()
+
+    async def generate(self, requests: Sequence[GenerateRequest], client: Any = None
+                       ) -> list[GenerateResult]:
+        """`client` keys the fair queue (requests of one client share its turn); None: this
+        call is a client of its own."""
+        pendings = [self._admit(r) for r in requests]  # validate all before queueing any
+        self._enqueue(pendings, client)
+        try:
+            return list(await asyncio.gather(*(p.future for p in pendings)))
+        finally:  # cancelled (the caller left): rows still queued or running are dropped
+            for p in pendings:
+                p.future.cancel()
+
+    async def stream(self, request: GenerateRequest, client: Any = None
+                     ) -> AsyncIterator[StreamDelta]:
+        """Deltas of one request as its engine steps finish; the last carries the result.
+        Closing the iterator early drops the request from the engine."""
+        p = self._admit(request, stream=True)
+        self._enqueue([p], client)
+        try:
+            while True:
+                delta = await p.deltas.get()
+                if delta is None:  # the request failed
+                    raise p.future.exception()
+                yield delta
+                if delta.result is not None:
+                    return
+        finally:
+            p.future.cancel()
+
+    def pause(self) -> None:
+        """Hold every request where it is (queued, or between engine steps)."""
+        self.unpaused.clear()
+
+    def resume(self) -> None:
+        self.unpaused.set()
+
+    def release_cache(self) -> None:
+        """Free the slot cache kept between requests (the prefix cache), if idle."""
+        if not self.engine.busy:
+            self.engine.release()
+
+    def abort(self, rid: str | None = None) -> int:
+        """Finish queued and running requests with `rid` (all when None) as 'abort' now; running
+        rows leave the engine before its next step. Returns the count."""
+        n = 0
+        for p in self._pending():
+            if (rid is None or p.request.rid == rid) and not p.future.done():
+                self._finish(p, "abort")
+                n += 1
+        return n
+
+    async def aclose(self) -> None:
+        self.abort()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    @property
+    def outstanding(self) -> int:
+        return sum(not p.future.done() for p in self._pending())
 
     def take_counters(self) -> dict[str, int]:
         """Prompt tokens prefilled and reused from the prefix cache since the previous call."""
@@ -446,8 +225,30 @@ class ContinuousSampler(EmbeddedSampler):
         self._reported = {k: self.engine.stats[k] for k in out}
         return out
 
+    # --- internals -----------------------------------------------------------------------------
     def _pending(self) -> list[_Pending]:
         return [*self._queued, *self._live.values(), *(p for g in self._rerun for p in g)]
+
+    def _admit(self, r: GenerateRequest, stream: bool = False) -> _Pending:
+        why = self.admit_error(r)
+        if why is not None:
+            raise ValueError(why)
+        seed = r.sampling.sampling_seed
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**31 - 1))
+        return _Pending(request=r, seed=seed % (2**32),
+                        max_new=min(r.sampling.max_new_tokens, self.max_len - len(r.input_ids)),
+                        future=asyncio.get_running_loop().create_future(),
+                        deltas=asyncio.Queue() if stream else None)
+
+    def _enqueue(self, pendings: list[_Pending], client: Any = None) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._batch_loop())
+        client = object() if client is None else client
+        for p in pendings:
+            p.client = client if isinstance(client, tuple) else (client,)
+            self._queue.put_nowait(p, client, len(p.request.input_ids) + p.max_new)
+            self._queued[p] = None
 
     def _join(self, p: _Pending) -> None:
         del self._queued[p]
@@ -592,6 +393,26 @@ class ContinuousSampler(EmbeddedSampler):
         half = (len(again) + 1) // 2
         self._rerun += [g for g in (again[half:], again[:half]) if g]
 
+    def _finish(self, p: _Pending, reason: str = "abort", version: str | None = None,
+                delta: StreamDelta | None = None, error: Exception | None = None) -> None:
+        if p.future.done():
+            return
+        if error is not None:
+            p.future.set_exception(error)
+            p.future.exception()  # a caller that left never retrieves it: mark it seen
+            if p.deltas is not None:
+                p.deltas.put_nowait(None)
+            return
+        result = GenerateResult(output_ids=tuple(p.ids), logprobs=tuple(p.logprobs),
+                                top_logprobs=tuple(p.top), finish_reason=reason,
+                                prompt_tokens=len(p.request.input_ids),
+                                weight_version=self.weight_version if version is None else version,
+                                rid=p.request.rid)
+        p.future.set_result(result)
+        if p.deltas is not None:
+            d = delta or StreamDelta((), (), (), result.weight_version)
+            p.deltas.put_nowait(dataclasses.replace(d, result=result))
+
 
 def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:
     """The sampler's own copy of a trainer's `params`, in the forward's dtypes
@@ -608,15 +429,10 @@ def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:
     return jax.device_put(host, models.param_shardings(cfg, local))
 
 
-def make_embedded_sampler(engine: str, cfg: models.ModelConfig, params_or_getter: Any, *,
-                          max_batch: int, max_len: int, seed: int = 0,
-                          weight_version: str = "0",
-                          dispatch_reads: int | None = None) -> EmbeddedSampler:
-    """The embedded sampler `engine` names ("static" or "continuous"), with defaults for the
-    rest (`dispatch_reads`: the continuous engine's, ignored by the static batcher)."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r}; allowed: {ENGINES}")
-    kind, own = ((ContinuousSampler, {"dispatch_reads": dispatch_reads})
-                 if engine == "continuous" else (EmbeddedSampler, {}))
-    return kind(cfg, params_or_getter, max_batch=max_batch, max_len=max_len, seed=seed,
-                weight_version=weight_version, **own)
+def make_embedded_sampler(cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int,
+                          max_len: int, seed: int = 0, weight_version: str = "0",
+                          dispatch_reads: int | None = None) -> ContinuousSampler:
+    """The embedded sampler, with the engine's defaults for the rest."""
+    return ContinuousSampler(cfg, params_or_getter, max_batch=max_batch, max_len=max_len,
+                             seed=seed, weight_version=weight_version,
+                             dispatch_reads=dispatch_reads)

@@ -31,10 +31,9 @@ then attends over its own heads of every slot, a prefill's one-slot write stays 
 that hold it, and a step exchanges only activations (no collective moves cache; the tests and
 bench/gpu_compile.py read this from the compiled HLO).
 
-Sampling is `rollout.sampling.sample_step`, the static path's own (temperature, top-k,
-top-p, penalties), given one step index per row: the draw for a row's j-th output token uses
-key fold_in(key(seed), j), j counted per row, so a request's tokens do not depend on when it
-joined or who shares its steps (the static path `rollout.decode` uses the same keys).
+Sampling is `rollout.sampling.sample_step` (temperature, top-k, top-p, penalties), given one
+step index per row: the draw for a row's j-th output token uses key fold_in(key(seed), j), j
+counted per row, so a request's tokens do not depend on when it joined or who shares its steps.
 Logprobs are log_softmax(logits / T) over the full vocabulary at the chosen id; greedy rows
 report T = 1.
 """
@@ -664,7 +663,7 @@ class ContinuousEngine:
             if any(min(_common(np.asarray(j.request.input_ids), ids), n - 1)
                    > max(best, self.min_chunk - 1) for j in prefilling):
                 return False
-        # The output budget is the static batcher's, min(max_new_tokens, max_len - n): the
+        # The output budget is min(max_new_tokens, max_len - n): the
         # prompt's padding (and a reused prefix's holes) may only take positions it leaves.
         want = min(job.request.sampling.max_new_tokens, self.max_len - n)
         start = self._content[best_slot].pos[best - 1] + 1 if best >= self.min_chunk else 0

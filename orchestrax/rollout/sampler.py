@@ -102,7 +102,6 @@ class SamplerConfig:
 
     backend: str = "embedded"          # a key of registry.SAMPLERS
     urls: tuple[str, ...] = ()         # HTTP backends: the servers (or one router)
-    engine: str = "continuous"         # embedded: the batcher (rollout.embedded.ENGINES)
     max_batch: int = 64                # embedded: rows decoded together
     max_len: int = 4096                # embedded: prompt + output tokens of one request
     seed: int = 0

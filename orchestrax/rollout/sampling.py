@@ -91,7 +91,7 @@ def sample_step(logits_BV: jax.Array, *, temperature_B: jax.Array, top_k_B: jax.
                 counts_BV: jax.Array | None = None, presence_B: jax.Array | None = None,
                 frequency_B: jax.Array | None = None, filtering: bool = True
                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """One decode step's draw for both batchers (static `decode`, continuous `engine`):
+    """One decode step's draw of the engine (prefill's last position and each decode step):
     penalties when `counts_BV` is given, then `sample_next` (`filtering` as there), then the
     `n_top` most likely ids.
 

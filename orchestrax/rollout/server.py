@@ -1,7 +1,6 @@
 """`orchestrax serve`: the SGLang native API subset an RL trainer uses, plus an OpenAI-compatible
-`/v1/chat/completions` (chat_route.py, wire format in openai_chat.py), backed by an embedded
-sampler: static batches (`EmbeddedSampler`) or continuous batching (`ContinuousSampler`), whose
-kind `/server_info` reports as `engine`.
+`/v1/chat/completions` (chat_route.py, wire format in openai_chat.py), backed by the embedded
+sampler (`ContinuousSampler`: continuous batching, which `/server_info` reports as `engine`).
 
 Routes and response shapes follow SGLang's entrypoints/http_server.py: `/generate`,
 `/update_weights_from_disk` -> `{success, message, num_paused_requests}`, `/model_info`
@@ -14,7 +13,7 @@ preferred_sampling_params, weight_version}`, `/server_info` (alias `/get_server_
 Clients are isolated from each other: a request is checked in full (`ServeLimits`, field types
 and ranges, the sampler's `admit_error`) before it can join a batch; text is tokenised in a
 worker thread after its length was checked; a client that disconnects is cancelled, and its
-rows leave the running batch at the next decode chunk (static) or engine step (continuous).
+rows leave the running batch at the next engine step.
 """
 
 from __future__ import annotations
@@ -205,7 +204,7 @@ async def server_info(request: web.Request) -> web.Response:
         "model_path": st.model_path, "tokenizer_path": st.tokenizer_path,
         "served_model_name": st.served_model_name, "weight_version": s.weight_version,
         "context_length": s.max_len, "max_running_requests": s.max_batch,
-        "engine": s.engine_name,
+        "engine": "continuous",
         "internal_states": [{"outstanding_requests": s.outstanding, **s.stats,
                              "weight_updates": st.weight_updates}],
         "limits": dataclasses.asdict(st.limits), "version": "orchestrax",
@@ -217,7 +216,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    # The continuous engine's kept prefixes (freed only while idle); the static batcher keeps none.
+    # The continuous engine's kept prefixes (freed only while idle).
     request.app[STATE].sampler.release_cache()
     return web.Response(text="Cache flushed.\n")
 

@@ -1,9 +1,9 @@
 """What `orchestrax serve` holds, and how it runs one admitted request on the embedded sampler:
 stop strings, streamed updates, early exit.
 
-A stop string is found on the decoded text after each decode chunk (static batcher) or engine
-step (continuous); the request then leaves the sampler's stream, which drops its row from the
-running batch, so tokens past the stop are not generated beyond the current chunk or step.
+A stop string is found on the decoded text after each engine step; the request then leaves the
+sampler's stream, which drops its row from the running batch, so tokens past the stop are not
+generated beyond the current step.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any, AsyncIterator, Callable
 from orchestrax import models
 from orchestrax.rollout.sampler import GenerateRequest, GenerateResult, TopLogprobs
 from orchestrax.rollout.detok import StopMatcher
-from orchestrax.rollout.embedded import EmbeddedSampler
+from orchestrax.rollout.embedded import ContinuousSampler
 from orchestrax.rollout.prompt_logprobs import PromptScorer
 from orchestrax.rollout.validate import ProtocolError, ServeLimits
 
 
 @dataclasses.dataclass(kw_only=True)
 class ServerState:
-    sampler: EmbeddedSampler
+    sampler: ContinuousSampler
     model_path: str
     tokenizer: Any = None                  # a transformers tokenizer; needed for text and chat
     tokenizer_path: str | None = None

@@ -151,6 +151,6 @@ def make_subagent_sampler(cfg: "TrainConfig", model_cfg, params):
     import jax
     import jax.numpy as jnp
     return registry.build_sampler(
-        SamplerConfig(backend="embedded", engine=r.engine, max_batch=r.sampler_max_batch,
+        SamplerConfig(backend="embedded", max_batch=r.sampler_max_batch,
                       max_len=r.context_tokens, seed=cfg.seed + 1),
         model_cfg, jax.tree.map(jnp.copy, params))

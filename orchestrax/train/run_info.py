@@ -66,7 +66,9 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
     """(settings, file) of the run that trained the policy in `directory`, None when it carries
     no run config. settings: the episode budgets of EPISODE_KEYS, the sampling of the run's eval
     rows ("temperature", "top_p", "top_k", "eval_samples" per task, "seed" and "eval_tasks"),
-    its sampler ("engine", "sampler_max_batch"), the clock of its latencies
+    its sampler's slots ("sampler_max_batch"; a run from before the one engine also recorded
+    its batcher, "engine", which is ignored: every embedded sampler is the continuous engine),
+    the clock of its latencies
     ("seconds_per_token"),
     its instance settings ("eval_sheet", "preferences"), and "env_kind", "env" (its env
     config's fields as JSON) and "name"."""
@@ -79,7 +81,6 @@ def policy_settings(directory: str | pathlib.Path) -> tuple[dict[str, Any], path
         out = {k: rollout[k] for k in EPISODE_KEYS}
         out |= {"top_p": float(rollout.get("top_p", 1.0)), "top_k": int(rollout.get("top_k", -1)),
                 "seconds_per_token": rollout.get("seconds_per_token"),
-                "engine": str(rollout.get("engine", "continuous")),
                 "sampler_max_batch": int(rollout.get("sampler_max_batch", 64))}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a run config written by orchestrax train ({e})") from None

@@ -17,7 +17,6 @@ import jax
 
 from orchestrax import models, registry
 from orchestrax.checks import at_least, at_least_or_none, one_of
-from orchestrax.rollout.embedded import ENGINES
 from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
@@ -43,7 +42,6 @@ class ServeConfig:
     max_len: int = 4096               # tokens per sequence, prompt and output together
     dtype: str = "float32"            # compute dtype
     param_dtype: str = "auto"         # see `param_dtype`
-    engine: str = "continuous"
     # continuous engine: cache positions one decode dispatch reads per row (steps x span), so a
     # request that arrives while long rows decode waits for one short dispatch; None: 8 steps
     # a dispatch at every span
@@ -58,8 +56,7 @@ class ServeConfig:
     def __post_init__(self):
         if not self.model:
             raise ValueError("ServeConfig.model=''; give a directory or 'tiny'")
-        for name, allowed in (("dtype", ("float32", "bfloat16")), ("engine", ENGINES),
-                              ("param_dtype", PARAM_DTYPES)):
+        for name, allowed in (("dtype", ("float32", "bfloat16")), ("param_dtype", PARAM_DTYPES)):
             one_of(self, name, getattr(self, name), allowed)
         at_least(self, 1, "max_batch")
         at_least(self, 2, "max_len")
@@ -119,7 +116,7 @@ def build_state(args: ServeConfig) -> ServerState:
         tokenizer = registry.build_tokenizer(tok_path)
         model_path, template = args.model, None
     sampler = registry.build_sampler(SamplerConfig(
-        backend="embedded", engine=args.engine, max_batch=args.max_batch, max_len=args.max_len,
+        backend="embedded", max_batch=args.max_batch, max_len=args.max_len,
         weight_version=args.weight_version, seed=args.seed,
         dispatch_reads=args.dispatch_reads), cfg, params)
     # Weight updates load in the served dtype: the server refuses a tree whose dtypes differ.

@@ -100,8 +100,8 @@ def sampler_config(cfg: TrainConfig, out_dir: pathlib.Path | None = None) -> Sam
     r = cfg.rollout
     return SamplerConfig(backend=r.backend,
                          urls=server_share(r.server_urls) if r.server_urls else (),
-                         engine=r.engine, max_batch=r.sampler_max_batch,
-                         max_len=r.context_tokens, seed=cfg.seed,
+                         max_batch=r.sampler_max_batch, max_len=r.context_tokens,
+                         seed=cfg.seed,
                          weight_sync_dir=r.weight_sync_dir,
                          tokenizer_dir=None if out_dir is None else str(out_dir / "model"))
 

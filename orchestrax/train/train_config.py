@@ -25,7 +25,6 @@ from orchestrax.models import ModelConfig
 from orchestrax.models.configs import REMAT_POLICIES
 from orchestrax.parallel import MeshConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
-from orchestrax.rollout.embedded import ENGINES
 from orchestrax.train.agent_config import AgentConfig
 from orchestrax.train.metrics_log import WandbConfig
 from orchestrax.data.instances import InstanceConfig
@@ -53,10 +52,7 @@ class RolloutConfig:
     max_in_flight: int = 1024               # episodes alive at once (over all workers)
     workers: int = 0                        # 0: episodes on the trainer's event loop; N: an
                                             # EpisodePool of N processes (see train/rollouts.py)
-    sampler_max_batch: int = 64             # embedded sampler batch
-    # embedded sampler's batcher: "continuous" (requests join and leave between decode steps;
-    # rollout/engine.py) or "static" (a batch runs to its longest row)
-    engine: str = "continuous"
+    sampler_max_batch: int = 64             # embedded sampler: slots of its continuous engine
     weight_sync_dir: str = "/tmp/orchestrax_weights"  # sglang: HF dirs written here per step
     # The policy's generation speed in the reward's latency feature: the clock charges this per
     # generated token (deterministic; measured sampler time is a metric only). 0.03 s: Qwen3-8B
@@ -66,7 +62,6 @@ class RolloutConfig:
     def __post_init__(self):
         check_fields(self, prefix="RolloutConfig.")
         registry.check_backend(self.backend, "RolloutConfig.backend")
-        one_of(self, "engine", self.engine, ENGINES)
         if self.backend == "sglang" and not self.server_urls:
             raise ValueError("RolloutConfig.server_urls is empty; backend='sglang' needs at least "
                              "one SGLang server (or one sglang-router) URL")
