@@ -39,7 +39,7 @@ def test_gpu_compile_smoke(tmp_path):
     assert decode_one.split("|")[10].strip() == "0 (0.00 GiB)", decode_one
     # Nor a conditional (sampling's top-k/top-p choice is the host's, made per dispatch).
     assert decode_one.split("|")[13].strip() == "0", decode_one
-    # config_embedded runs the default batcher, the continuous engine, over eight H100s.
+    # config_embedded runs the continuous engine over eight H100s.
     assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
     assert "continuous: 8 slots x 256, 1 step" in decode, decode
     # bench/gpu.py's sampler section at 256 requests, as its own code builds the engine.
