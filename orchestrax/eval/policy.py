@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 from typing import Any, Protocol, Sequence

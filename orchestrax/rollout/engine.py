@@ -41,7 +41,6 @@ report T = 1.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, Collection, NamedTuple
 
