@@ -478,3 +478,14 @@ def test_a_slot_cache_the_device_cannot_hold_is_refused_naming_its_sizes():
     engine_mod.check_state_fits(cfg, fits, 24_576, None, weights, h200)
     engine_mod.check_state_fits(cfg, 64, 24_576, None, weights, None)
     assert jax.devices()[0].memory_stats() is None or jax.default_backend() != "cpu"
+
+
+def test_the_embedded_sampler_asks_the_check_with_its_params(params, monkeypatch):
+    # The CPU reports no memory limit; as if the device held this engine's weights and 3 slots.
+    from orchestrax.rollout import embedded
+    per_slot = engine_mod.state_bytes_per_device(CFG, 1, 64)
+    weights = sum(x.nbytes for x in jax.tree.leaves(params))
+    monkeypatch.setattr(embedded, "device_memory_limit", lambda mesh: weights + 3 * per_slot)
+    embedded.make_embedded_sampler(CFG, params, max_batch=3, max_len=64)
+    with pytest.raises(ValueError, match=r"max_batch=4 slots x max_len=64 .* at most 3 slots"):
+        embedded.make_embedded_sampler(CFG, params, max_batch=4, max_len=64)

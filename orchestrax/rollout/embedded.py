@@ -27,7 +27,8 @@ import numpy as np
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
                                      TopLogprobs)
-from orchestrax.rollout.engine import ContinuousEngine
+from orchestrax.rollout.engine import (ContinuousEngine, check_state_fits, device_memory_limit,
+                                       params_mesh)
 from orchestrax.rollout.fair import FairQueue, StepShare
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,10 @@ class ContinuousSampler(Sampler):
         # Cleared by `pause`: no engine step starts until `resume` sets it.
         self.unpaused = asyncio.Event()
         self.unpaused.set()
-        # params=None: the loop hands the engine the current params before every step.
+        # A cache the device cannot hold is refused now, naming its sizes (the engine's own
+        # check sees no params: the loop hands it the current ones before every step).
+        mesh = params_mesh(self._params)
+        check_state_fits(cfg, max_batch, max_len, mesh, self._params, device_memory_limit(mesh))
         self.engine = ContinuousEngine(
             cfg, None, max_batch=max_batch, max_len=max_len,
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,

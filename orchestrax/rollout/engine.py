@@ -178,9 +178,10 @@ def device_memory_limit(mesh: Mesh | None) -> int | None:
 
 
 def params_mesh(params: Any) -> Mesh | None:
-    """The mesh the params are placed on (None: on one device, or not placed by mesh)."""
-    leaf = jax.tree.leaves(params)[0]
-    sharding = getattr(leaf, "sharding", None)
+    """The mesh the params are placed on (None: on one device, not placed by mesh, or no
+    params yet: a server's engine gets its weights later)."""
+    leaves = jax.tree.leaves(params)
+    sharding = getattr(leaves[0], "sharding", None) if leaves else None
     return sharding.mesh if isinstance(sharding, NamedSharding) else None
 
 
