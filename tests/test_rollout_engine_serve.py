@@ -6,7 +6,9 @@ serve/trainer options that came with it (`--param-dtype`, `TrainConfig.remat`)."
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import aiohttp
 import chex
@@ -131,8 +133,12 @@ def test_a_request_joins_the_running_batch_and_finishes_first():
     assert len(long.output_ids) == 60 and long.finish_reason == "length"
     # idle: the slot cache stays (its prefixes serve the next turn) until the weights go
     assert sampler.engine._state is not None
+    head = weakref.ref(sampler.params["lm_head"])
     sampler.drop_params()
     assert sampler.engine._state is None
+    # ...and the weights themselves: nothing keeps them for the trainer's step to run beside
+    gc.collect()
+    assert head() is None
 
 
 def test_client_disconnect_frees_its_slot_for_the_next_request():

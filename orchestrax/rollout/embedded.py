@@ -155,6 +155,7 @@ class ContinuousSampler(Sampler):
         self._params = None
         self._getter = lambda: self._params
         if not self.engine.busy:
+            self.engine.drop_params()
             self.engine.release()
 
     async def generate(self, requests: Sequence[GenerateRequest], client: Any = None

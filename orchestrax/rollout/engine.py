@@ -499,6 +499,13 @@ class ContinuousEngine:
                 return slot
         return None
 
+    def drop_params(self) -> None:
+        """Forget the weights, so the caller's copy can be freed (the engine kept a reference
+        to them, and one through the epoch of its kept prefixes); the next step needs `params`
+        set again, and makes every kept prefix stale."""
+        self.params = None
+        self._epoch_of = (None, self._epoch_of[1])
+
     def release(self) -> None:
         """Free the slot cache (and the prefixes it keeps) now; only while idle (the next step
         allocates a new one)."""
