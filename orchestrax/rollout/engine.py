@@ -548,6 +548,68 @@ class ContinuousEngine:
         request is waiting for)."""
         return sum(j is None for j in self._slots) - len(self._queue)
 
+    def programs(self, filtering: Collection[bool] = (False, True)
+                 ) -> list[tuple[str, dict[str, int]]]:
+        """Every program a step of this engine can dispatch, as (jitted function, its shapes):
+        `_prefill_chunk` for each chunk size `_chunking` can plan (its power-of-two buckets,
+        the halvings of `prefill_chunk` and the unpadded pieces near the context limit) at
+        each S bucket that holds it (a later chunk, or one after a reused prefix, reads up to
+        `max_len`); `_decode` at each S bucket with its `steps_at` steps; `_copy_prefix` at
+        each S bucket when the prefix cache is on. Each of the first two once per value of
+        `filtering` that requests can need (both, unless every request samples alike)."""
+        spans = [self._bucket(1)]
+        while spans[-1] < self.max_len:
+            spans.append(self._bucket(spans[-1] + 1))
+        top, b = self.prefill_chunk, self.min_chunk
+        sizes = {top >> k for k in range(top.bit_length())} | {top}   # halvings and pieces
+        while b < top:                                                 # one-chunk buckets
+            sizes.add(b)
+            b *= 2
+        sizes = {c for c in sizes if c < self.max_len}
+        out = []
+        for f in filtering:
+            out += [("prefill", dict(chunk=c, span=b, filtering=int(f)))
+                    for c in sorted(sizes) for b in spans if b >= self._bucket(c)]
+            out += [("decode", dict(span=b, steps=self.steps_at(b), filtering=int(f)))
+                    for b in spans if b >= self._bucket(self.decode_steps)]
+        if self.prefix_cache:
+            out += [("copy", dict(span=b)) for b in spans]
+        return out
+
+    def warm(self, filtering: Collection[bool] = (False, True)) -> int:
+        """Compile (or load from the persistent compilation cache) every program of `programs`
+        before the first request, so no request waits for a compile; returns their count.
+        Each runs once on a scratch slot state, through the same jitted functions with the
+        same kinds of arguments as a step, then the scratch state is dropped: the first step
+        allocates a fresh one, and stats, seeds and results are those of an engine never
+        warmed. Only before the slot cache is allocated (or after `release`), so the device
+        never holds two."""
+        if self.busy or self._state is not None:
+            raise RuntimeError("ContinuousEngine.warm: only before the first request or after "
+                               "release() (the slot cache is allocated)")
+        s = init_state(self.cfg, self.max_batch, self.max_len, params_mesh(self.params))
+        dummy = _Job(request=GenerateRequest(input_ids=(0,)), rid="warm", seed=0,
+                     on_tokens=None, max_new=1)
+        rows = np.zeros((self.max_batch,), np.bool_)
+        settings = self._settings(dummy)
+        programs = self.programs(filtering)
+        for kind, shape in programs:
+            if kind == "prefill":
+                c = shape["chunk"]
+                s, *_ = _prefill_chunk(
+                    self.cfg, self.params, s, np.int32(0), np.zeros((c,), np.int32),
+                    np.ones((c,), np.bool_), np.int32(0), np.int32(0), np.bool_(True),
+                    np.bool_(True), settings, n_top=self.top_logprobs, span=shape["span"],
+                    filtering=bool(shape["filtering"]))
+            elif kind == "decode":
+                s, _ = _decode(self.cfg, self.params, s, rows, rows, n_steps=shape["steps"],
+                               n_top=self.top_logprobs, span=shape["span"],
+                               filtering=bool(shape["filtering"]))
+            else:
+                s = _copy_prefix(s, np.int32(0), np.int32(0), np.int32(1), span=shape["span"])
+        jax.block_until_ready(s)
+        return len(programs)
+
     def run(self) -> list[GenerateResult]:
         """Step until every submitted request finished; results in finishing order."""
         out: list[GenerateResult] = []
