@@ -201,12 +201,16 @@ def config_multinode(hosts: tuple[str, ...] = ("rollout-0", "rollout-1"),
 
 
 def config_tpu() -> TrainConfig:
-    """A TPU pod slice (e.g. v5p-32): FSDP over all chips, embedded sampler (no SGLang on TPU);
-    128 cache rows over 16 chips add 28 GB a chip next to the step's ~56 GiB."""
+    """A TPU pod slice (e.g. v5p-32: 4 hosts x 4 chips): FSDP over all chips, embedded sampler
+    (no SGLang on TPU). Each process samples its own 128 / 4 = 32 episodes a step on its own 4
+    chips (`sampler_copy`), the cache's 8 kv heads 2 a chip: 32 slots x 24,000 positions x 36
+    layers x 2 heads x 128 x 2 (K, V) x 2 bytes = 26.4 GiB a chip (arithmetic, not compiled: no
+    TPU target here), one wave a step. It was 128 slots a process: 105 GiB a chip, which the
+    engine refuses when built."""
     c = recipe(name="toolorchestra-tpu", hf_path="/mnt/models/Qwen3-8B",
                tokenizer="/mnt/models/Qwen3-8B", out_dir="gs://YOUR_BUCKET/orchestrax/qwen3-8b")
     return c.replace(rollout=dataclasses.replace(c.rollout, backend="embedded", server_urls=(),
-                                                 sampler_max_batch=128))
+                                                 sampler_max_batch=32))
 
 
 # The rehearsal's loopback ports, from a base (ORCHESTRAX_REHEARSAL_PORT, default 30500) so

@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
@@ -108,8 +109,12 @@ class ContinuousSampler(Sampler):
         self.unpaused.set()
         # A cache the device cannot hold is refused now, naming its sizes (the engine's own
         # check sees no params: the loop hands it the current ones before every step).
-        mesh = params_mesh(self._params)
-        check_state_fits(cfg, max_batch, max_len, mesh, self._params, device_memory_limit(mesh))
+        # Several processes: the weights it is built with span them all; those it will sample
+        # with are gathered onto this process's devices, not counted here.
+        mesh = sampler_mesh(self._params)
+        check_state_fits(cfg, max_batch, max_len, mesh,
+                         self._params if jax.process_count() == 1 else None,
+                         device_memory_limit(mesh))
         self.engine = ContinuousEngine(
             cfg, None, max_batch=max_batch, max_len=max_len,
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,
@@ -430,8 +435,15 @@ def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:
         return params
     from jax.experimental import multihost_utils
     host = multihost_utils.process_allgather(params, tiled=True)
-    local = parallel.make_mesh(parallel.MeshConfig(), jax.local_devices())
-    return jax.device_put(host, models.param_shardings(cfg, local))
+    return jax.device_put(host, models.param_shardings(cfg, sampler_mesh(params)))
+
+
+def sampler_mesh(params: Any) -> Mesh | None:
+    """The mesh this process's sampler runs on: the params' own, or, with several processes,
+    this process's devices alone (where `sampler_copy` gathers the trainer's params)."""
+    if jax.process_count() == 1:
+        return params_mesh(params)
+    return parallel.make_mesh(parallel.MeshConfig(), jax.local_devices())
 
 
 def make_embedded_sampler(cfg: models.ModelConfig, params_or_getter: Any, *, max_batch: int,
