@@ -7,6 +7,7 @@ import sys
 from typing import Any, Sequence
 
 from orchestrax.train.arg_types import at_least, tokenizer_dir
+from orchestrax.train.compile_cache import FLAG_HELP
 from orchestrax.train.overrides import add_arguments as add_config_arguments
 
 
@@ -43,6 +44,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "(steps x span; 2048): fewer decode steps a dispatch at long spans, so "
                         "a new request waits less for the rows in flight")
     p.add_argument("--seed", type=int, help="--tiny init seed and sampler seed (0)")
+    p.add_argument("--compile-cache-dir", help=FLAG_HELP)
+    p.add_argument("--warm", action="store_true",
+                   help="compile every program the engine can dispatch before listening, and "
+                        "log how many and how long (off: each when a request first needs it)")
     p.add_argument("--weight-version", help="default")
     p.add_argument("--served-model-name", help="orchestrax")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but "

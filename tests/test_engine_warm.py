@@ -79,3 +79,41 @@ def test_warm_refuses_an_allocated_slot_cache():
     eng.generate(workload()[0][:1])
     with pytest.raises(RuntimeError, match="release"):
         eng.warm(filtering=(False,))
+
+
+def test_sampler_warms_the_filter_values_its_requests_can_need(monkeypatch):
+    from orchestrax.rollout.embedded import ContinuousSampler
+    sampler = ContinuousSampler(CFG, models.init_params(CFG, 1), max_batch=2, max_len=64)
+    asked = []
+    monkeypatch.setattr(sampler.engine, "warm", lambda filtering: asked.append(list(filtering))
+                        or 0)
+    sampler.warm()
+    sampler.warm([SamplingParams(temperature=1.0)])
+    sampler.warm([SamplingParams(top_k=5), SamplingParams(top_p=0.9)])
+    assert asked == [[False, True], [False], [True]]
+    assert sampler.engine.params is sampler.params
+
+
+def test_serve_warms_before_listening_when_asked(monkeypatch):
+    import asyncio
+
+    from orchestrax.train import serve
+    events = []
+
+    class Sampler:
+        def warm(self):
+            events.append("warm")
+
+    class State:
+        sampler = Sampler()
+
+    async def start(state, host, port):
+        events.append("listen")
+        raise OSError("stop here")
+
+    monkeypatch.setattr(serve, "build_state", lambda args: State())
+    monkeypatch.setattr(serve, "start", start)
+    for warm in (True, False):
+        with pytest.raises(SystemExit):
+            asyncio.run(serve._run(serve.ServeConfig(warm=warm)))
+    assert events == ["warm", "listen", "listen"]

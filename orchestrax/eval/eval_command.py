@@ -32,6 +32,8 @@ from orchestrax.eval.suite import DEFAULT_SWEEP, EvalRun, run_eval, write_output
 from orchestrax.eval.tasksets import TaskSetOptions
 from orchestrax.rollout.sampler import SamplingParams
 from orchestrax.tools.chat_client import ChatEndpoint
+from orchestrax.train import compile_cache
+from orchestrax.train.compile_cache import FLAG_HELP as COMPILE_CACHE_HELP
 from orchestrax.train.arg_types import at_least, tokenizer_dir
 from orchestrax.train.overrides import add_arguments as add_config_arguments
 
@@ -105,12 +107,14 @@ class EvalCommand:
     no_preferences: bool = False
     out: str = "runs/eval"
     no_progress: bool = False
+    compile_cache_dir: str | None = compile_cache.DEFAULT_DIR  # None: no persistent cache
 
     def __post_init__(self):
         at_least_or_none(self, 1, "limit", "max_turns", "max_new_tokens", "context_tokens",
                          "max_in_flight", "samples", "protocol_format_errors")
         for name, allowed in (("param_dtype", PARAM_DTYPES), ("grader", GRADERS)):
             one_of(self, name, getattr(self, name), allowed)
+        compile_cache.check_dir(self)
         require(0 <= self.max_error_rate <= 1, self, "max_error_rate", self.max_error_rate,
                 "in [0, 1]")
 
@@ -243,6 +247,7 @@ def run(args: EvalCommand) -> int:
         raise ValueError(f"EvalCommand: policy={args.policy!r}, tasks={args.tasks!r}; give "
                          "both (--policy P --tasks T [T ...], or --set / a --config function)")
     configure_logging()
+    compile_cache.use_compile_cache(args.compile_cache_dir)
     settings, notes = resolve_settings(args)
     for line in notes:
         print(line, flush=True)
@@ -408,6 +413,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the run's rollout.seconds_per_token, the clock of its eval "
                         "rows' latency, else measured)")
     p.add_argument("--max-in-flight", type=at_least(1))
+    p.add_argument("--compile-cache-dir", help=COMPILE_CACHE_HELP)
     p.add_argument("--grader", choices=("exact", "math", "judge"))
     p.add_argument("--judge-url")
     p.add_argument("--judge-model")

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from typing import Any, AsyncIterator, Callable, Sequence
 
 import jax
@@ -27,10 +28,11 @@ from jax.sharding import Mesh
 
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
-                                     TopLogprobs)
+                                     SamplingParams, TopLogprobs)
 from orchestrax.rollout.engine import (ContinuousEngine, check_state_fits, device_memory_limit,
                                        params_mesh)
 from orchestrax.rollout.fair import FairQueue, StepShare
+from orchestrax.rollout.sampling import filters
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +229,23 @@ class ContinuousSampler(Sampler):
     @property
     def outstanding(self) -> int:
         return sum(not p.future.done() for p in self._pending())
+
+    def warm(self, sampling: Sequence[SamplingParams] | None = None) -> int:
+        """Compile every program the engine can dispatch for requests sampled with `sampling`
+        (None: any settings, so with and without the top-k/top-p filter) on the current
+        params, before the first request; logs how many and how long."""
+        eng = self.engine
+        if sampling is None:
+            filtering = (False, True)
+        else:
+            filtering = sorted({bool(filters(np.asarray([p.top_k]), np.asarray([p.top_p]),
+                                             self.cfg.vocab_size)[0]) for p in sampling})
+        eng.params, eng.weight_version = self._getter(), self.weight_version
+        start = time.perf_counter()
+        n = eng.warm(filtering)
+        log.info("warmed %d engine programs (max_batch=%d, max_len=%d) in %.1f s", n,
+                 self.max_batch, self.max_len, time.perf_counter() - start)
+        return n
 
     def take_counters(self) -> dict[str, int]:
         """Prompt tokens prefilled and reused from the prefix cache since the previous call."""

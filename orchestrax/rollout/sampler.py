@@ -88,6 +88,11 @@ class Sampler(Protocol):
         default counts nothing."""
         return {}
 
+    def warm(self, sampling: Sequence[SamplingParams] | None = None) -> int:
+        """Compile what serving requests sampled with `sampling` (None: any settings) can need,
+        before the first one; returns how many programs. The default has nothing to compile."""
+        return 0
+
     async def aclose(self) -> None:
         """Release what the sampler holds (HTTP sessions, health-check tasks); its owner awaits
         this once, when done with it. The default does nothing, for samplers that hold nothing;

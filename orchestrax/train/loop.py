@@ -31,8 +31,8 @@ from orchestrax.data.tasks import spread
 from orchestrax.envs.environment import Environment
 from orchestrax.rollout.sampler import SamplingParams
 from orchestrax.tools.randomize import instance_seed
-from orchestrax.train import (batching, checkpoint, console, rollouts, run_info, setup,
-                              train_config, warmstart)
+from orchestrax.train import (batching, checkpoint, compile_cache, console, rollouts, run_info,
+                              setup, train_config, warmstart)
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
@@ -284,6 +284,8 @@ class Trainer:
         history = []
         self._setup_reference()
         await self._publish_weights()
+        if cfg.rollout.warm_sampler:   # the programs of the published weights (the compute copy)
+            self.sampler.warm([self.episode_cfg.sampling])
         if self.step == 0 and cfg.eval_every:
             history.append(self._log(await self._evaluate()))
         bar = progress(cfg.steps, self.step, "GRPO")
@@ -430,5 +432,6 @@ def step_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def train(cfg: TrainConfig) -> list[dict[str, Any]]:
+    compile_cache.use_compile_cache(cfg.compile_cache_dir)
     return Trainer(cfg).run()
 

@@ -20,7 +20,7 @@ from orchestrax.checks import at_least, at_least_or_none, one_of
 from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
-from orchestrax.train import checkpoint
+from orchestrax.train import checkpoint, compile_cache
 
 log = logging.getLogger("orchestrax.serve")
 
@@ -52,6 +52,11 @@ class ServeConfig:
     api_key: str | None = None        # None: $ORCHESTRAX_SERVE_API_KEY, if set
     weight_root: tuple[str, ...] = ()  # update_weights_from_disk loads only below these
     limits: ServeLimits = dataclasses.field(default_factory=ServeLimits)
+    compile_cache_dir: str | None = compile_cache.DEFAULT_DIR  # None: no persistent cache
+    # Compile every program the engine can dispatch before listening (off: each is compiled
+    # when a request first needs it; the whole set is O(100) programs, minutes each for an 8B
+    # model on a GPU with an empty cache, seconds from a populated one).
+    warm: bool = False
 
     def __post_init__(self):
         if not self.model:
@@ -62,6 +67,9 @@ class ServeConfig:
         at_least(self, 2, "max_len")
         at_least_or_none(self, 1, "dispatch_reads")
         at_least(self, 0, "port")
+        compile_cache.check_dir(self)
+        if not isinstance(self.warm, bool):
+            raise ValueError(f"ServeConfig.warm={self.warm!r}; must be True or False")
 
 
 def config() -> ServeConfig:
@@ -130,6 +138,8 @@ def build_state(args: ServeConfig) -> ServerState:
 
 async def _run(args: ServeConfig) -> None:
     state = build_state(args)
+    if args.warm:
+        state.sampler.warm()
     try:
         runner = await start(state, host=args.host, port=args.port)
     except OSError as e:  # address in use, not an address of this host, unresolvable name
@@ -167,5 +177,6 @@ def serve(args: ServeConfig) -> int:
         raise SystemExit(f"orchestrax serve: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     check_port_free(args.host, args.port)
+    compile_cache.use_compile_cache(args.compile_cache_dir)
     asyncio.run(_run(args))
     return 0

@@ -29,7 +29,7 @@ from orchestrax.train.agent_config import AgentConfig
 from orchestrax.train.metrics_log import WandbConfig
 from orchestrax.data.instances import InstanceConfig
 from orchestrax.tools.catalog import CatalogConfig
-from orchestrax.train import run_info
+from orchestrax.train import compile_cache, run_info
 from orchestrax.checks import at_least, check_fields, one_of
 
 DTYPES = ("float32", "bfloat16")
@@ -53,6 +53,9 @@ class RolloutConfig:
     workers: int = 0                        # 0: episodes on the trainer's event loop; N: an
                                             # EpisodePool of N processes (see train/rollouts.py)
     sampler_max_batch: int = 64             # embedded sampler: slots of its continuous engine
+    # embedded sampler: compile every program its engine can dispatch before the first rollout
+    # (ContinuousEngine.programs), instead of when a request first needs one
+    warm_sampler: bool = False
     weight_sync_dir: str = "/tmp/orchestrax_weights"  # sglang: HF dirs written here per step
     # The policy's generation speed in the reward's latency feature: the clock charges this per
     # generated token (deterministic; measured sampler time is a metric only). 0.03 s: Qwen3-8B
@@ -118,6 +121,8 @@ class TrainConfig:
     instances: InstanceConfig = InstanceConfig()
     # Weights & Biases next to TensorBoard (off by default; offline when on): train/metrics_log.py
     wandb: WandbConfig = WandbConfig()
+    # JAX's persistent compilation cache (train/compile_cache.py); None: off
+    compile_cache_dir: str | None = compile_cache.DEFAULT_DIR
 
     def __post_init__(self):
         if type(self.env) not in registry.ENVS:
@@ -141,6 +146,7 @@ class TrainConfig:
                              f"rollout.temperature={self.rollout.temperature}; the trainer must "
                              "score tokens at the temperature the sampler drew them at")
         at_least(self, 0, "sft_steps", "steps", "checkpoint_every", "eval_every", "sft_workers")
+        compile_cache.check_dir(self)
         at_least(self, 1, "sft_batch", "eval_samples")
         if self.eval_tasks is not None and self.eval_tasks < 1:
             raise ValueError(f"TrainConfig.eval_tasks={self.eval_tasks}; must be >= 1 or None "
