@@ -171,3 +171,46 @@ def test_mixture_instances_draw_their_tools_from_the_shared_catalog(monkeypatch)
     other_env.catalog = {"python": qa_env.catalog["python"]}
     with pytest.raises(ValueError, match="different tool catalogs"):
         MixtureEnv([(qa_name, 1.0, qa_env), (other_name, 1.0, other_env)])
+
+
+def test_the_context_check_measures_the_largest_tool_set_an_instance_can_hold(monkeypatch):
+    """The rehearsal offers one tool an instance: its context must hold the first train task's
+    prompt with the catalog's longest schema, not with the whole catalog (which no training
+    instance shows); the recipe at full size (no cap) still measures the whole catalog."""
+    from orchestrax import registry
+    from orchestrax.agent import chat
+    from orchestrax.agent.episode import prompt_messages
+    from orchestrax.data.instances import prepare_instance
+    from orchestrax.train.train_config import check_context, largest_offer
+
+    monkeypatch.setenv("ORCHESTRAX_REHEARSAL_PORT", "40000")
+    cfg = _load("toolorchestra.py:config_rehearsal")
+    env, codec = setup.make_env(cfg), registry.build_codec(cfg.tokenizer)
+    task = env.tasks("train")[0]
+
+    def tokens(specs):
+        return len(codec.encode_prompt(chat.prompt_parts(prompt_messages(task), tools=specs,
+                                                         enable_thinking=False)))
+
+    # The longest prompt of this task's one-tool instances, over 64 draws, is the measured one.
+    drawn = [env.tools(prepare_instance(task, env, split="train", seed=s,
+                                        config=dataclasses.replace(cfg.instances,
+                                                                   preferences=False)))
+             for s in range(64)]
+    assert all(len(tools) == 1 for tools in drawn)
+    one = max(tokens([t.spec for t in tools]) for tools in drawn)
+    offer = largest_offer(env.tools(task), env.catalog, cfg.instances.randomize, codec)
+    assert len(offer) == 1 and tokens(offer) == one
+    whole = tokens([t.spec for t in env.tools(task)])
+    assert one + 1000 < whole
+    fits = dataclasses.replace(cfg.rollout, context_tokens=one + 1)
+    check_context(cfg.replace(rollout=fits), env, codec, [task])
+    with pytest.raises(ValueError, match=rf"context_tokens={one} cannot hold .* {one} tokens"):
+        check_context(cfg.replace(rollout=dataclasses.replace(fits, context_tokens=one)),
+                      env, codec, [task])
+    uncapped = dataclasses.replace(cfg.instances, randomize=dataclasses.replace(
+        cfg.instances.randomize, max_tools=None))
+    assert largest_offer(env.tools(task), env.catalog, uncapped.randomize, codec) == [
+        t.spec for t in env.tools(task)]
+    with pytest.raises(ValueError, match=rf"cannot hold .* {whole} tokens before any reply"):
+        check_context(cfg.replace(rollout=fits, instances=uncapped), env, codec, [task])

@@ -247,19 +247,36 @@ def check_vocab(cfg: TrainConfig, tokenizer: Any) -> None:
 
 
 def check_context(cfg: TrainConfig, env: Any, codec: Any, tasks: Any) -> None:
-    """`rollout.context_tokens` holds the first train task's prompt (system prompt and tools
-    included) and leaves room to generate: else every episode ends before its first turn."""
+    """`rollout.context_tokens` holds the first train task's prompt (system prompt and the
+    largest tool set an instance can be offered) and leaves room to generate: else every
+    episode ends before its first turn."""
     if not tasks:
         return
     task = tasks[0]
+    tools = largest_offer(env.tools(task), env.catalog, cfg.instances.randomize, codec)
     prompt_tokens = len(codec.encode_prompt(chat.prompt_parts(
-        prompt_messages(task), tools=[t.spec for t in env.tools(task)],
-        enable_thinking=cfg.rollout.enable_thinking)))
+        prompt_messages(task), tools=tools, enable_thinking=cfg.rollout.enable_thinking)))
     where = f"the prompt of train task {task.task_id!r}"
     if prompt_tokens >= cfg.rollout.context_tokens:
         raise ValueError(f"rollout.context_tokens={cfg.rollout.context_tokens} cannot hold "
                          f"{where}, which is {prompt_tokens} tokens before any reply; must be "
                          f"> {prompt_tokens}")
+
+
+def largest_offer(tools: Any, catalog: Any, randomize: Any, codec: Any) -> list[Any]:
+    """The specs of the longest tool list a training instance can show: the env's own tools,
+    then at most `randomize.max_tools` of the catalog's (its `always` ones and the longest
+    schemas of the rest); every tool where instances are not randomised or not capped."""
+    specs = [t.spec for t in tools]
+    if randomize is None or randomize.max_tools is None:
+        return specs
+    drawn = [s for s in specs if s.name in catalog and s.name not in randomize.always]
+    room = randomize.max_tools - sum(s.name in catalog for s in specs) + len(drawn)
+    if room >= len(drawn):
+        return specs
+    size = {s.name: len(codec.encode(json.dumps(s.to_openai()))) for s in drawn}
+    kept = {s.name for s in sorted(drawn, key=lambda s: -size[s.name])[:room]}
+    return [s for s in specs if s.name not in size or s.name in kept]
 
 
 def check_env_fits(cfg: TrainConfig, num_train: int, num_eval: int, processes: int = 1) -> None:
