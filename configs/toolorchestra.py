@@ -227,10 +227,12 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
     """The recipe at CPU size, run by `orchestrax rehearse`: a tiny random Qwen3 as 2 processes x
     4 CPU devices, each process's rollouts on its own loopback server, every LLM tool and the
     tau2 user a tiny local server, BM25 over 200 passages of the Wikipedia corpus, two QA sets,
-    a warm start on tool-call conversations through the real tools, two GRPO steps. Each
-    instance offers one tool (a size: the whole catalog's schemas are ~2,000 tiny-tokenizer
-    tokens; with one tool a conversation is ~700 and three fill a row, so the warm start sees
-    three times the conversations a step and its policy opens its turns with `<tool_call>`)."""
+    a warm start on tool-call conversations through the real tools (each question with four
+    tools in turn, so the called name follows the offered tool, not the question), two GRPO
+    steps. Each instance offers one tool (a size: the whole catalog's schemas are ~2,000
+    tiny-tokenizer tokens; with one tool a conversation is ~700 and three fill a row, so the
+    warm start sees three times the conversations a step and its policy opens its turns with
+    `<tool_call>`)."""
     ports = rehearsal_ports()
     expert = {role: f"http://127.0.0.1:{ports[role]}/v1" for role in ("generalists", "specialists")}
     experts = {model: (expert["specialists" if model.startswith("qwen2.5") else "generalists"],
@@ -250,10 +252,12 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
         rollout=rollout(backend="sglang",
                         server_urls=tuple(f"http://127.0.0.1:{ports[f'rollout-{i}']}"
                                           for i in range(2)),
-                        # 8 instances a step, so the tools they offer span the catalog's
-                        # kinds (basic, specialist, generalist); context: the longest train
-                        # prompt with the whole catalog is 2,176 tokens (TrainConfig checks it).
-                        group_size=2, tasks_per_step=8, max_turns=2, context_tokens=2304,
+                        # 16 instances a step, so the tools they offer span the catalog's
+                        # kinds (basic, specialist, generalist) and the step calls each kind
+                        # (8 offered no specialist and only the two generalists the policy
+                        # names worst); context: the longest train prompt with one tool is
+                        # 2,078 tokens (TrainConfig checks the first's).
+                        group_size=2, tasks_per_step=16, max_turns=2, context_tokens=2304,
                         max_new_tokens=64, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),
         # No tau2 domain: a retail prompt with its tools is 10.6k tiny-tokenizer tokens, which

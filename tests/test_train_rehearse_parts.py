@@ -27,7 +27,7 @@ def test_endpoints_and_warm_start_conversations(tmp_path, monkeypatch):
     from orchestrax import registry
     tools = registry.build_catalog(dataclasses.replace(cfg.tools, llms=()))
     path = tmp_path / "sft.jsonl"
-    counts = rehearse.write_sft_data(cfg, path, tools, limit=6)
+    counts = rehearse.write_sft_data(cfg, path, tools, limit=6, tools_per_task=2)
     from orchestrax.agent import chat
     from orchestrax.train import setup
     from orchestrax.train.warmstart import ConversationRenderer
@@ -36,7 +36,14 @@ def test_endpoints_and_warm_start_conversations(tmp_path, monkeypatch):
     codec = registry.build_codec(cfg.tokenizer)
     render = ConversationRenderer(codec)
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert counts == {"local_search": 3, "python": 3} and len(records) == 6
+    assert counts == {"local_search": 6, "python": 6} and len(records) == 12
+    # Each question with both tools: the called name follows the offered tools, not the question.
+    called: dict[str, set[str]] = {}
+    for r in records:
+        call = json.loads(r["messages"][-3]["content"].split("\n")[1])
+        called.setdefault(r["messages"][1]["content"], set()).add(call["name"])
+    assert len(called) == 6 and all(names == {"python", "local_search"}
+                                    for names in called.values())
     # Spread over the train tasks: every source of the mixture has conversations.
     asked = {r["messages"][1]["content"] for r in records}
     sources = {t.task_id.split("/")[0] for t in env.tasks("train")

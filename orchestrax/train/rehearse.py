@@ -45,7 +45,10 @@ from orchestrax.train.overrides import apply_overrides, load_config
 DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
 EVAL_TASKS = ("bamboogle", "aime")
 EVAL_LIMIT = 2     # tasks per eval set
-SFT_RECORDS = 96   # warm-start conversations: 12 calls of each of the 8 tools
+# Warm-start conversations: 96 train tasks, each with 4 of the 8 tools (48 calls of each tool).
+# With one tool a task, the policy learnt each question's tool and named it on instances that
+# offer another one (BUILD.md, "The rehearsal").
+SFT_TASKS, SFT_TOOLS_PER_TASK = 96, 4
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,7 +152,7 @@ def tool_arguments(name: str, task: Any) -> dict[str, Any]:
 
 
 async def _observe(tools: dict[str, Any], calls: list[tuple[str, dict[str, Any]]],
-                   concurrency: int = 4) -> list[str]:
+                   concurrency: int) -> list[str]:
     """Each call run through the real tool; a failed call's observation is its error text, as
     the executor would show it."""
     from orchestrax.agent.fanout import fan_out
@@ -181,14 +184,16 @@ def _instance_offering(cfg: TrainConfig, env: Any, task: Any, name: str, draws: 
 
 
 def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
-                   limit: int | None = None) -> dict[str, int]:
+                   limit: int | None = None, tools_per_task: int = 1) -> dict[str, int]:
     """Warm-start conversations over the run's train tasks (`limit` of them evenly spaced, so
-    every source of a mixture, laid end to end, has its prompts in): each calls one
-    tool of `tools` (round robin, so every kind is demonstrated), with the observation the real
-    tool returned, then answers (the gold answer where the task has one). Each record holds the
-    prompt an RL rollout of that task sees: an instance's tools (its subset and prices, one that
-    offers the called tool) and its preference instruction, so the format is learnt in the
-    context the policy will use it in. Returns the calls per tool."""
+    every source of a mixture, laid end to end, has its prompts in): each task's question
+    `tools_per_task` times, each time calling a different tool of `tools` (task i the tools i,
+    i+1, ... round robin, so every kind is demonstrated equally and no question predicts the
+    tool: the called name can only come from the instance's offered tools), with the
+    observation the real tool returned, then answers (the gold answer where the task has one).
+    Each record holds the prompt an RL rollout of that task sees: an instance's tools (its
+    subset and prices, one that offers the called tool) and its preference instruction, so the
+    format is learnt in the context the policy will use it in. Returns the calls per tool."""
     from orchestrax.agent.episode import prompt_messages
     from orchestrax.data.tasks import spread
     from orchestrax.train import setup
@@ -196,12 +201,15 @@ def write_sft_data(cfg: TrainConfig, path: pathlib.Path, tools: dict[str, Any],
     names = sorted(tools)
     if not names:
         raise ValueError("rehearsal: the config has no tools to warm-start calls to")
-    tasks = spread(env.tasks("train"), limit)
-    calls = [(names[i % len(names)], tool_arguments(names[i % len(names)], t))
-             for i, t in enumerate(tasks)]
-    observations = asyncio.run(_observe(tools, calls))
+    if not 1 <= tools_per_task <= len(names):
+        raise ValueError(f"rehearsal: tools_per_task={tools_per_task}; allowed 1..{len(names)}")
+    tasks = [(t, names[(i + j) % len(names)])
+             for i, t in enumerate(spread(env.tasks("train"), limit))
+             for j in range(tools_per_task)]
+    calls = [(name, tool_arguments(name, t)) for t, name in tasks]
+    observations = asyncio.run(_observe(tools, calls, concurrency=16))
     lines, counts = [], {}
-    for task, (name, args), seen in zip(tasks, calls, observations):
+    for (task, name), (_, args), seen in zip(tasks, calls, observations):
         instance, offered = _instance_offering(cfg, env, task, name)
         messages = prompt_messages(instance)
         if messages[-1]["role"] != "user":  # tau2: the simulated user opens
@@ -447,7 +455,8 @@ def prepare(what: str, spec: str, sets: Sequence[str]) -> None:
     elif cfg.sft_data and not pathlib.Path(cfg.sft_data[0]).exists():
         from orchestrax import registry
         counts = write_sft_data(cfg, pathlib.Path(cfg.sft_data[0]),
-                                registry.build_catalog(cfg.tools), limit=SFT_RECORDS)
+                                registry.build_catalog(cfg.tools), limit=SFT_TASKS,
+                                tools_per_task=SFT_TOOLS_PER_TASK)
         print(f"rehearsal: {sum(counts.values())} warm-start conversations in "
               f"{cfg.sft_data[0]}, calls per tool {counts}")
 
