@@ -20,7 +20,7 @@ from orchestrax.checks import at_least, at_least_or_none, one_of
 from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
-from orchestrax.train import checkpoint, compile_cache
+from orchestrax.train import checkpoint, compile_cache, setup
 
 log = logging.getLogger("orchestrax.serve")
 
@@ -175,7 +175,7 @@ def serve(args: ServeConfig) -> int:
     why = start_error(args)
     if why is not None:
         raise SystemExit(f"orchestrax serve: {why}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup.configure_logging()   # a root handler some import adds made basicConfig a no-op
     check_port_free(args.host, args.port)
     compile_cache.use_compile_cache(args.compile_cache_dir)
     asyncio.run(_run(args))
