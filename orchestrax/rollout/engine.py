@@ -172,8 +172,10 @@ def _shard_shape(a: Any) -> tuple[int, ...]:
 
 def device_memory_limit(mesh: Mesh | None) -> int | None:
     """A device's memory in bytes as its runtime reports it (None on CPU, which does not)."""
-    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-    stats = device.memory_stats() or {}
+    mine = jax.local_devices()
+    device = (next((d for d in mesh.devices.flat if d in mine), mine[0]) if mesh is not None
+              else mine[0])
+    stats = device.memory_stats() or {}   # only this process's devices answer
     return stats.get("bytes_limit")
 
 
