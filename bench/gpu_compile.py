@@ -10,7 +10,10 @@ reference during the GRPO step; the train state and reference while the embedded
 runs), against the usable memory of the card, and what the optimized HLO holds: cuDNN
 attention calls, big copies in the decode step (a whole-cache or per-layer KV copy, a weight
 copy), collectives, conditionals (each a host read of its predicate on XLA:GPU outside a CUDA
-graph), and whether XLA warned of an "involuntary full rematerialization". The
+graph), whether XLA warned of an "involuntary full rematerialization", and the HBM bytes
+one execution moves, estimated from the optimized HLO (bench/hbm_traffic.py: XLA's
+cost_analysis() is None for a deviceless GPU compile), with a decode step's ratio to its floor
+(`decode_floor`: the weights and the K and V of the span it attends). The
 `bench` rows are bench/gpu.py's train and sampler sections, built by its own code, on one H200:
 what a lent GPU would run must fit before it is lent.
 
@@ -74,6 +77,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from orchestrax import models, parallel, rl  # noqa: E402
 from orchestrax.rollout import engine as engine_mod  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+import hbm_traffic  # noqa: E402
 
 GIB = 2**30
 MEM_FRACTION = 0.95
@@ -243,6 +249,9 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
     info["rows"] = f"continuous: {slots} slots x {max_len}"
     # A copy is big from one layer of one device's part of the cache on.
     info["kv_layer_bytes"] = _device_bytes(st.k) // scfg.num_layers
+    if kind == "decode":
+        info["floor_bytes"] = decode_floor(_device_bytes(sp), _device_bytes(st.k) * 2,
+                                           max_len, max_len, 1)
     if kind == "prefill":
         chunk = min(512, max_len)
         settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
@@ -289,9 +298,20 @@ def _lower_bench(case: Case, devices, smoke: bool):
     info["rows"] = (f"continuous: {arg} slots x {max_len}, {gpu.SAMPLER_DECODE_STEPS} decode "
                     "steps")
     info["kv_layer_bytes"] = st.k.size * st.k.dtype.itemsize // cfg.num_layers
+    info["floor_bytes"] = decode_floor(_device_bytes(params), 2 * _device_bytes(st.k), max_len,
+                                       max_len, gpu.SAMPLER_DECODE_STEPS)
     return engine_mod._decode.lower(cfg, params, st, keep, keep,
                                     n_steps=gpu.SAMPLER_DECODE_STEPS, n_top=0,
                                     span=max_len, filtering=False), info
+
+
+def decode_floor(weight_bytes: int, kv_bytes: int, span: int, max_len: int, steps: int) -> int:
+    """HBM bytes `steps` decode steps must read at least: per step this device's weights
+    (compute dtype) and the K and V of the `span` positions attended of every slot, every
+    layer and this device's kv heads (`kv_bytes`: its whole K and V cache of `max_len`
+    positions); the rest (a token a row written, logits) is negligible. The embedding table
+    is counted whole although a step reads one row of it per slot."""
+    return steps * (weight_bytes + kv_bytes * span // max_len)
 
 
 def _device_bytes(tree) -> int:
@@ -402,7 +422,9 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
     total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes)
     kv_layer = info.get("kv_layer_bytes")
-    facts = hlo_facts(compiled.as_text(), kv_layer)
+    hlo = compiled.as_text()
+    facts = hlo_facts(hlo, kv_layer)
+    traffic = hbm_traffic.estimate(hlo)
     remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
     try:
         cost = compiled.cost_analysis()
@@ -413,14 +435,15 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
     return {"case": case, "rows": info["rows"], "args": m.argument_size_in_bytes,
             "temps": m.temp_size_in_bytes, "total": total, "held": info["held"],
             "usable": usable, "fits": total + info["held"] <= usable, "remat_warnings": remat, "compile_s": seconds,
-            "bytes_accessed": accessed, "kv_layer": kv_layer, **facts}
+            "bytes_accessed": accessed, "kv_layer": kv_layer, "hbm": traffic,
+            "floor": info.get("floor_bytes"), **facts}
 
 
 # --- table -------------------------------------------------------------------------------------
 HEADER = ("| case | shape | args GiB | temps GiB | total GiB | + held GiB | usable GiB | fits | "
           "cuDNN | "
           "big copies (sampler) | collectives (static ops) | involuntary remat | "
-          "conditionals (static ops) | compile s |")
+          "conditionals (static ops) | compile s | HBM GiB (est.) | x floor |")
 
 
 def row(r: dict) -> str:
@@ -432,7 +455,25 @@ def row(r: dict) -> str:
     return (f"| {r['case'].name} | {r['rows']} | {r['args'] / GIB:.1f} | {r['temps'] / GIB:.1f} "
             f"| {r['total'] / GIB:.1f} | {r['held'] / GIB:.1f} | {r['usable'] / GIB:.1f} | "
             f"{'yes' if r['fits'] else '**NO**'} | {r['cudnn']} | {copies} | {coll} | "
-            f"{r['remat_warnings'] or 'none'} | {r['conditionals']} | {r['compile_s']:.0f} |")
+            f"{r['remat_warnings'] or 'none'} | {r['conditionals']} | {r['compile_s']:.0f} | "
+            f"{hbm_cells(r)} |")
+
+
+def hbm_cells(r: dict) -> str:
+    """Estimated HBM bytes per execution (bench/hbm_traffic.py) and their ratio to the decode
+    floor; "+?" where a loop's trip count is unknown (counted once)."""
+    t = r["hbm"]
+    gib = lambda b: f"{b / GIB:.1f}" if b >= GIB else f"{b / GIB:.2g}"  # noqa: E731 - smoke
+    est = gib(t.total) + ("+?" if t.unknown_trip_counts else "")
+    ratio = f"{t.total / r['floor']:.2f} (floor {gib(r['floor'])})" if r["floor"] else "-"
+    return f"{est} | {ratio}"
+
+
+def top_lines(r: dict, n: int = 5) -> str:
+    """A decode row's largest instructions by estimated bytes (a layer-loop one: all layers)."""
+    kinds = ", ".join(f"{k} {b / GIB:.1f}" for k, b in hbm_traffic.by_kind(r["hbm"])[:4])
+    return (f"  - {r['case'].name} top {n} by bytes: " + hbm_traffic.describe(r["hbm"], n)
+            + f". By kind (GiB): {kinds}")
 
 
 def main(argv=None) -> list[dict]:
@@ -471,6 +512,10 @@ def main(argv=None) -> list[dict]:
         results.append(r)
         lines.append(row(r))
         print(lines[-1], flush=True)
+    tops = [top_lines(r) for r in results if r["floor"]]
+    if tops:
+        lines += ["", "HBM estimate, largest instructions (per execution):", "", *tops]
+        print("\n".join(lines[-len(tops) - 2:]), flush=True)
     if not args.no_record:
         what = "smoke: tiny model" if args.smoke else "real shapes"
         with open(args.results, "a") as f:

@@ -39,6 +39,11 @@ def test_gpu_compile_smoke(tmp_path):
     assert decode_one.split("|")[10].strip() == "0 (0.00 GiB)", decode_one
     # Nor a conditional (sampling's top-k/top-p choice is the host's, made per dispatch).
     assert decode_one.split("|")[13].strip() == "0", decode_one
+    # Its estimated HBM traffic (bench/hbm_traffic.py) is at least the floor: the weights and
+    # the K and V of its span; the reference pass has no floor.
+    assert float(decode_one.split("|")[15]) > 0, decode_one
+    assert float(decode_one.split("|")[16].split()[0]) >= 1.0, decode_one
+    assert ref.split("|")[16].strip() == "-", ref
     # config_embedded runs the continuous engine over eight H100s.
     assert "config_embedded/decode@8xh100" in decode and "| yes |" in decode, decode
     assert "continuous: 8 slots x 256, 1 step" in decode, decode
