@@ -30,9 +30,8 @@ from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
                                      SamplingParams, TopLogprobs)
 from orchestrax.rollout.engine import (ContinuousEngine, check_state_fits, device_memory_limit,
-                                       params_mesh)
+                                       needs_filtering, params_mesh)
 from orchestrax.rollout.fair import FairQueue, StepShare
-from orchestrax.rollout.sampling import filters
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +108,8 @@ class ContinuousSampler(Sampler):
         # Cleared by `pause`: no engine step starts until `resume` sets it.
         self.unpaused = asyncio.Event()
         self.unpaused.set()
-        # A cache the device cannot hold is refused now, naming its sizes (the engine's own
-        # check sees no params: the loop hands it the current ones before every step).
+        # A cache the device cannot hold is refused now, naming its sizes (here, where the
+        # params and so the mesh are known: the engine gets them before every step).
         # Several processes: the weights it is built with span them all; those it will sample
         # with are gathered onto this process's devices, not counted here.
         mesh = sampler_mesh(self._params)
@@ -238,8 +237,7 @@ class ContinuousSampler(Sampler):
         if sampling is None:
             filtering = (False, True)
         else:
-            filtering = sorted({bool(filters(np.asarray([p.top_k]), np.asarray([p.top_p]),
-                                             self.cfg.vocab_size)[0]) for p in sampling})
+            filtering = sorted({needs_filtering([p], self.cfg.vocab_size) for p in sampling})
         eng.params, eng.weight_version = self._getter(), self.weight_version
         start = time.perf_counter()
         n = eng.warm(filtering)

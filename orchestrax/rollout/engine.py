@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Collection, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult,
-                                     TopLogprobs)
+                                     SamplingParams, TopLogprobs)
 from orchestrax.rollout.sampling import filters, sample_step
 from orchestrax.rollout.validate import request_ids_error
 
@@ -177,6 +177,14 @@ def device_memory_limit(mesh: Mesh | None) -> int | None:
               else mine[0])
     stats = device.memory_stats() or {}   # only this process's devices answer
     return stats.get("bytes_limit")
+
+
+def needs_filtering(sampling: Sequence[SamplingParams], vocab_size: int) -> bool:
+    """Whether a dispatch sampling rows with these settings needs the top-k/top-p sort (a
+    static choice: at most two programs per shape, and no host read of a device predicate
+    per step)."""
+    return bool(filters(np.asarray([p.top_k for p in sampling]),
+                        np.asarray([p.top_p for p in sampling]), vocab_size).any())
 
 
 def params_mesh(params: Any) -> Mesh | None:
@@ -422,8 +430,6 @@ class ContinuousEngine:
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"ContinuousEngine.top_logprobs={top_logprobs}; must be in "
                              f"[0, {MAX_TOP_LOGPROBS}]")
-        mesh = params_mesh(params)
-        check_state_fits(cfg, max_batch, max_len, mesh, params, device_memory_limit(mesh))
         self.cfg, self.params, self.weight_version = cfg, params, weight_version
         self.max_batch, self.max_len = max_batch, max_len
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
@@ -791,11 +797,7 @@ class ContinuousEngine:
             frequency_R=one(sp.frequency_penalty, np.float32))
 
     def _filtering(self, jobs: list[_Job]) -> bool:
-        """Whether a dispatch sampling for `jobs` needs the top-k/top-p sort (a static choice:
-        at most two programs per shape, and no host read of a device predicate per step)."""
-        sp = [j.request.sampling for j in jobs]
-        return bool(filters(np.asarray([p.top_k for p in sp]),
-                            np.asarray([p.top_p for p in sp]), self.cfg.vocab_size).any())
+        return needs_filtering([j.request.sampling for j in jobs], self.cfg.vocab_size)
 
     def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
         i, c, at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
