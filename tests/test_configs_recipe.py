@@ -173,44 +173,64 @@ def test_mixture_instances_draw_their_tools_from_the_shared_catalog(monkeypatch)
         MixtureEnv([(qa_name, 1.0, qa_env), (other_name, 1.0, other_env)])
 
 
-def test_the_context_check_measures_the_largest_tool_set_an_instance_can_hold(monkeypatch):
-    """The rehearsal offers one tool an instance: its context must hold the first train task's
-    prompt with the catalog's longest schema, not with the whole catalog (which no training
-    instance shows); the recipe at full size (no cap) still measures the whole catalog."""
+def test_the_context_check_measures_the_longest_prompt_the_run_can_build(monkeypatch):
+    """The rehearsal offers one tool a training instance: its context must hold the longest
+    train prompt (every train task, the catalog's longest schema, the longest Pairs_train
+    instruction), not only the first task's, and, when the run evaluates, every eval instance
+    with the whole catalog; the recipe at full size (no cap) measures the whole catalog."""
     from orchestrax import registry
     from orchestrax.agent import chat
     from orchestrax.agent.episode import prompt_messages
     from orchestrax.data.instances import prepare_instance
-    from orchestrax.train.train_config import check_context, largest_offer
+    from orchestrax.tools.randomize import instance_seed
+    from orchestrax.train.train_config import check_context, largest_offer, longest_prompt
 
     monkeypatch.setenv("ORCHESTRAX_REHEARSAL_PORT", "40000")
     cfg = _load("toolorchestra.py:config_rehearsal")
     env, codec = setup.make_env(cfg), registry.build_codec(cfg.tokenizer)
-    task = env.tasks("train")[0]
+    train = env.tasks("train")
 
-    def tokens(specs):
+    def tokens(task, specs):
         return len(codec.encode_prompt(chat.prompt_parts(prompt_messages(task), tools=specs,
                                                          enable_thinking=False)))
 
-    # The longest prompt of this task's one-tool instances, over 64 draws, is the measured one.
-    drawn = [env.tools(prepare_instance(task, env, split="train", seed=s,
-                                        config=dataclasses.replace(cfg.instances,
-                                                                   preferences=False)))
-             for s in range(64)]
-    assert all(len(tools) == 1 for tools in drawn)
-    one = max(tokens([t.spec for t in tools]) for tools in drawn)
-    offer = largest_offer(env.tools(task), env.catalog, cfg.instances.randomize, codec)
-    assert len(offer) == 1 and tokens(offer) == one
-    whole = tokens([t.spec for t in env.tools(task)])
-    assert one + 1000 < whole
-    fits = dataclasses.replace(cfg.rollout, context_tokens=one + 1)
-    check_context(cfg.replace(rollout=fits), env, codec, [task])
-    with pytest.raises(ValueError, match=rf"context_tokens={one} cannot hold .* {one} tokens"):
-        check_context(cfg.replace(rollout=dataclasses.replace(fits, context_tokens=one)),
-                      env, codec, [task])
+    # Instances as the run draws them (8 a task): none longer than the measured bound, which
+    # is longer than the first task's prompt without an instruction (the check before).
+    drawn = [prepare_instance(t, env, split="train", seed=s, config=cfg.instances)
+             for t in train for s in range(8)]
+    assert all(len(env.tools(i)) == 1 and i.preference_instruction for i in drawn)
+    seen = max(tokens(i, [t.spec for t in env.tools(i)]) for i in drawn)
+    longest, task_id = longest_prompt(cfg, env, codec, train, "train")
+    first = tokens(train[0], largest_offer(env.tools(train[0]), env.catalog,
+                                           cfg.instances.randomize, codec))
+    assert seen <= longest < cfg.rollout.context_tokens and first < seen - 200
+    assert longest - seen < 40 and task_id != train[0].task_id
+    fits = dataclasses.replace(cfg.rollout, context_tokens=longest + 1)
+    check_context(cfg.replace(rollout=fits), env, codec, train)
+    with pytest.raises(ValueError, match=rf"^rollout.context_tokens={longest} cannot hold the "
+                                         rf"prompt of train task '{task_id}', {longest} tokens "
+                                         rf"before any reply; must be > {longest} \(longest "
+                                         rf"prompts: train {longest}\)$"):
+        check_context(cfg.replace(rollout=dataclasses.replace(fits, context_tokens=longest)),
+                      env, codec, train)
+    # Eval instances offer the whole catalog: a context that holds every train prompt does not
+    # hold them.
+    evals = [prepare_instance(t, env, split="eval", seed=instance_seed(cfg.seed, t.task_id),
+                              config=cfg.instances) for t in env.tasks("eval")]
+    eval_longest, eval_id = longest_prompt(cfg, env, codec, evals, "eval")
+    assert eval_longest == max(tokens(i, [t.spec for t in env.tools(i)]) for i in evals)
+    assert eval_longest > longest + 300
+    with pytest.raises(ValueError, match=rf"cannot hold the prompt of eval task '{eval_id}', "
+                                         rf"{eval_longest} tokens .* \(longest prompts: train "
+                                         rf"{longest}, eval {eval_longest}\)$"):
+        check_context(cfg.replace(rollout=fits), env, codec, train, evals)
+    # Uncapped instances (the recipe at full size) show the whole catalog.
+    task = train[0]
     uncapped = dataclasses.replace(cfg.instances, randomize=dataclasses.replace(
         cfg.instances.randomize, max_tools=None))
     assert largest_offer(env.tools(task), env.catalog, uncapped.randomize, codec) == [
         t.spec for t in env.tools(task)]
-    with pytest.raises(ValueError, match=rf"cannot hold .* {whole} tokens before any reply"):
+    whole = tokens(task, [t.spec for t in env.tools(task)])
+    assert longest_prompt(cfg.replace(instances=uncapped), env, codec, [task], "train")[0] > whole
+    with pytest.raises(ValueError, match=r"cannot hold the prompt of train task"):
         check_context(cfg.replace(rollout=fits, instances=uncapped), env, codec, [task])

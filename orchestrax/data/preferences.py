@@ -102,6 +102,17 @@ def pairs(split: Pool) -> tuple[PreferencePair, ...]:
     return PAIRS_TRAIN if split == "train" else PAIRS_EVAL
 
 
+def instructions(split: Pool, nameable: Sequence[str]) -> list[str]:
+    """Every instruction `draw` can give an instance whose nameable tools are `nameable`."""
+    out = []
+    for pair in pairs(split):
+        if not pair.names_tool:
+            out.append(pair.instruction)
+        else:
+            out += [pair.instruction.format(tool=tool) for tool in nameable]
+    return out
+
+
 def draw(split: Pool, tool_names: Sequence[str], seed: int, *,
          nameable: Sequence[str] | None = None) -> tuple[tuple[float, ...], str]:
     """(P, instruction) for one instance whose tools are `tool_names` (P's tool order).

@@ -68,6 +68,7 @@ class Trainer:
         train_config.check_env_fits(cfg, len(self.train_tasks), len(self.eval_tasks),
                                     jax.process_count())
         self.eval_tasks = spread(self.eval_tasks, cfg.eval_tasks)
+        evaluated = self.eval_tasks if cfg.eval_every else ()
         # Multi-process: each process evaluates its own share (eval rows average the shares).
         self.eval_tasks = self.eval_tasks[jax.process_index()::jax.process_count()]
         self.mesh = parallel.make_mesh(cfg.mesh)
@@ -76,7 +77,7 @@ class Trainer:
         self.tokenizer = registry.build_tokenizer(cfg.tokenizer)
         self.codec = Codec(self.tokenizer)
         train_config.check_vocab(cfg, self.tokenizer)
-        train_config.check_context(cfg, self.env, self.codec, self.train_tasks)
+        train_config.check_context(cfg, self.env, self.codec, self.train_tasks, evaluated)
         self.model_cfg, params = setup.load_params(cfg, self.mesh)
         train_config.check_master_weights(cfg, params)
         if jax.process_index() == 0:

@@ -246,21 +246,46 @@ def check_vocab(cfg: TrainConfig, tokenizer: Any) -> None:
                          f"tokenizer={cfg.tokenizer!r}; must be >= {n}")
 
 
-def check_context(cfg: TrainConfig, env: Any, codec: Any, tasks: Any) -> None:
-    """`rollout.context_tokens` holds the first train task's prompt (system prompt and the
-    largest tool set an instance can be offered) and leaves room to generate: else every
-    episode ends before its first turn."""
-    if not tasks:
-        return
-    task = tasks[0]
-    tools = largest_offer(env.tools(task), env.catalog, cfg.instances.randomize, codec)
-    prompt_tokens = len(codec.encode_prompt(chat.prompt_parts(
-        prompt_messages(task), tools=tools, enable_thinking=cfg.rollout.enable_thinking)))
-    where = f"the prompt of train task {task.task_id!r}"
-    if prompt_tokens >= cfg.rollout.context_tokens:
-        raise ValueError(f"rollout.context_tokens={cfg.rollout.context_tokens} cannot hold "
-                         f"{where}, which is {prompt_tokens} tokens before any reply; must be "
-                         f"> {prompt_tokens}")
+def check_context(cfg: TrainConfig, env: Any, codec: Any, train_tasks: Any,
+                  eval_tasks: Any = ()) -> None:
+    """`rollout.context_tokens` holds the longest prompt the run can build and leaves room to
+    generate (else that episode ends before its first turn): every train task with the largest
+    tool set and the longest preference instruction an instance can be given, and every eval
+    instance (`eval_tasks`, prepared: the whole catalog, its own instruction). One line naming
+    the field and the sizes when it does not."""
+    measured = [("train", longest_prompt(cfg, env, codec, train_tasks, "train")),
+                ("eval", longest_prompt(cfg, env, codec, eval_tasks, "eval"))]
+    split, (tokens, task_id) = max(measured, key=lambda m: m[1][0])
+    if tokens >= cfg.rollout.context_tokens:
+        sizes = ", ".join(f"{s} {n}" for s, (n, _) in measured if n)
+        raise ValueError(f"rollout.context_tokens={cfg.rollout.context_tokens} cannot hold the "
+                         f"prompt of {split} task {task_id!r}, {tokens} tokens before any reply; "
+                         f"must be > {tokens} (longest prompts: {sizes})")
+
+
+def longest_prompt(cfg: TrainConfig, env: Any, codec: Any, tasks: Any, pool: str
+                   ) -> tuple[int, str]:
+    """(tokens, task id) of the longest prompt of `tasks` (0 and "" for none). `pool` "train":
+    raw tasks, measured as their longest instance (`largest_offer`, and the longest instruction
+    of Pairs_train naming any of their tools); "eval": prepared instances, measured as they are
+    (their tools and instruction; the longest of Pairs_eval where they have none)."""
+    from orchestrax.data import preferences
+    longest: dict[tuple[str, ...], str] = {}
+    best = (0, "")
+    for task in tasks:
+        tools = env.tools(task)
+        specs = ([t.spec for t in tools] if pool == "eval"
+                 else largest_offer(tools, env.catalog, cfg.instances.randomize, codec))
+        if cfg.instances.preferences and task.preference is None:
+            nameable = tuple(t.spec.name for t in tools if t.spec.category != "domain")
+            if nameable not in longest:
+                longest[nameable] = max(preferences.instructions(pool, nameable),
+                                        key=lambda text: len(codec.encode(text)))
+            task = dataclasses.replace(task, preference_instruction=longest[nameable])
+        tokens = len(codec.encode_prompt(chat.prompt_parts(
+            prompt_messages(task), tools=specs, enable_thinking=cfg.rollout.enable_thinking)))
+        best = max(best, (tokens, task.task_id))
+    return best
 
 
 def largest_offer(tools: Any, catalog: Any, randomize: Any, codec: Any) -> list[Any]:
