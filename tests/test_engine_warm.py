@@ -18,8 +18,8 @@ COMPILE = "/jax/core/compile/backend_compile_duration"   # also recorded on a pe
 
 def workload() -> list[list[GenerateRequest]]:
     """Two waves: prompt lengths from 3 to 61 of a 64-position engine (one chunk, several
-    chunks, unpadded pieces near the limit), greedy and sampled rows, top-k rows beside rows
-    without it, and a prompt that extends an earlier one (a reused prefix)."""
+    chunks, a last chunk filled out from behind near the limit), greedy and sampled rows, top-k
+    rows beside rows without it, and a prompt that extends an earlier one (a reused prefix)."""
     rng = np.random.default_rng(0)
     reqs = []
     for i, (n, new) in enumerate([(3, 5), (40, 9), (16, 2), (31, 30), (12, 1), (50, 13),
@@ -49,8 +49,8 @@ def test_warm_compiles_every_program_a_workload_dispatches_and_changes_no_result
     params = models.init_params(CFG, 1)
     warmed = make_engine(params)
     programs = warmed.programs()
-    # chunks 1..16 at spans 32 and 64, decode at both, x2 filtering; copies at both
-    assert len(programs) == 2 * (5 * 2 + 2) + 2
+    # chunk 16 at spans 32 and 64, one token at 32, decode at both, x2 filtering; copies at both
+    assert len(programs) == 2 * (2 + 1 + 2) + 2
     assert warmed.warm() == len(programs)
     assert warmed.stats == make_engine(params).stats and not warmed.busy
 
@@ -117,3 +117,84 @@ def test_serve_warms_before_listening_when_asked(monkeypatch):
         with pytest.raises(SystemExit):
             asyncio.run(serve._run(serve.ServeConfig(warm=warm)))
     assert events == ["warm", "listen", "listen"]
+
+
+def listed(eng: ContinuousEngine, filtering=(False, True)) -> set:
+    return {(kind, tuple(sorted(shape.items()))) for kind, shape in eng.programs(filtering)}
+
+
+def test_prompts_ending_at_the_context_limit_dispatch_only_listed_programs(monkeypatch):
+    params = models.init_params(CFG, 1)
+    eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=16, seed=3)
+    seen = set()
+
+    def spy(name, kind, shape):
+        jitted = getattr(engine_mod, name)
+
+        def call(*args, **kw):
+            seen.add((kind, tuple(sorted(shape(args, kw).items()))))
+            return jitted(*args, **kw)
+        monkeypatch.setattr(engine_mod, name, call)
+
+    spy("_prefill_chunk", "prefill", lambda a, kw: dict(
+        chunk=len(a[4]), span=kw["span"], filtering=int(kw["filtering"])))
+    spy("_decode", "decode", lambda a, kw: dict(span=kw["span"], steps=kw["n_steps"],
+                                                filtering=int(kw["filtering"])))
+    spy("_copy_prefix", "copy", lambda a, kw: dict(span=kw["span"]))
+    # Each output budget runs to max_len (no room to pad): 5 goes one token a chunk, 30 as 16
+    # then 16 filled out with 2 before it, 47 as two 16s then 16 filled out with 1.
+    rng = np.random.default_rng(1)
+    prompts = {n: tuple(int(x) for x in rng.integers(1, CFG.vocab_size, n))
+               for n in (5, 30, 47, 32)}
+    for n in (5, 30, 47):
+        eng.generate([GenerateRequest(input_ids=prompts[n],
+                                      sampling=SamplingParams(max_new_tokens=64))])
+    # A next turn after a reused prefix (32 + 3 fed reply tokens), its 4 new tokens filled
+    # out with 12 of the prefix's.
+    out = eng.generate([GenerateRequest(input_ids=prompts[32],
+                                        sampling=SamplingParams(max_new_tokens=4))])[0]
+    ids = prompts[32] + out.output_ids + (5, 6, 7)
+    again = eng.generate([GenerateRequest(input_ids=ids, sampling=SamplingParams(
+        max_new_tokens=64, top_k=3, temperature=1.0))])[0]
+    assert again.cached_tokens == 35 and len(again.output_ids) == 64 - len(ids)
+    assert {c for k, s in seen if k == "prefill" for c in [dict(s)["chunk"]]} == {1, 16}
+    assert seen <= listed(eng)
+
+
+def test_program_counts_of_the_trainer_and_serve_defaults():
+    """Counted from the rules of `ContinuousEngine.programs`: S buckets 32 * 2^k below max_len,
+    and max_len; prefill at each bucketed chunk size (16 * 2^k below prefill_chunk = 512, and
+    512) at each S bucket >= the chunk's own, plus one-token chunks at S = 32; decode and
+    prefix copy at each S bucket; prefill and decode once per filter value."""
+    from orchestrax import registry
+    from orchestrax.rollout.engine import needs_filtering
+    from orchestrax.train.serve import ServeConfig
+    from orchestrax.train.setup import sampler_config
+    from orchestrax.train.train_config import TrainConfig
+    from orchestrax.rollout.sampler import SamplerConfig
+
+    def count(max_len: int, filters: int) -> int:
+        spans = [32 * 2**k for k in range(20) if 32 * 2**k < max_len] + [max_len]
+        chunks = [16, 32, 64, 128, 256, 512]
+        prefill = sum(1 for c in chunks for s in spans if s >= max(c, 32)) + 1
+        return filters * (prefill + len(spans)) + len(spans)
+
+    params = models.init_params(CFG, 1)
+    train = TrainConfig(name="x", model=CFG)
+    r = train.rollout
+    trainer = registry.build_sampler(sampler_config(train), CFG, params)
+    filters = {needs_filtering([SamplingParams(temperature=r.temperature, top_k=r.top_k,
+                                               top_p=r.top_p)], CFG.vocab_size)}
+    # 24000: 11 S buckets (32 ... 16384, 24000); chunks 16 and 32 at all 11, 64 at 10, 128 at
+    # 9, 256 at 8, 512 at 7: 56 + 1 one-token; 11 decodes, 11 copies.
+    assert count(r.context_tokens, 1) == 56 + 1 + 11 + 11 == 79
+    assert len(trainer.engine.programs(filters)) == 79 and filters == {False}
+
+    s = ServeConfig()
+    serve = registry.build_sampler(SamplerConfig(
+        backend="embedded", max_batch=s.max_batch, max_len=s.max_len,
+        dispatch_reads=s.dispatch_reads), CFG, params)
+    # 4096: 8 S buckets; chunks 16 and 32 at 8, 64 at 7, 128 at 6, 256 at 5, 512 at 4: 38 + 1;
+    # both filter values: 2 x (39 + 8 decodes) + 8 copies.
+    assert count(s.max_len, 2) == 2 * (39 + 8) + 8 == 102
+    assert len(serve.engine.programs()) == 102

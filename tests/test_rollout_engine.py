@@ -197,23 +197,53 @@ def test_bad_requests_are_refused_naming_the_field(params):
         ContinuousEngine(CFG, params, max_batch=0)
 
 
-def test_a_prompt_near_the_context_limit_is_prefilled_in_smaller_chunks(params):
-    # 45 tokens in whole 32-token chunks would pad to 64 = max_len; 16-token chunks pad to 48.
+def test_a_prompt_near_the_context_limit_is_prefilled_in_buckets_filled_out_from_behind(params):
     eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=32, min_chunk=8)
-    assert eng._chunking(45) == (48, (16, 16, 16)) and eng._chunking(20) == (32, (32,))
-    # Within min_chunk of max_len no padding leaves room: unpadded, in powers of two.
-    assert eng._chunking(61) == (61, (32, 16, 8, 4, 1))
-    assert eng._chunking(63) == (63, (32, 16, 8, 4, 2, 1))
-    # The output budget is min(new, max_len - n): 45 + 19 = 64 goes
-    # unpadded (padding it to 48 would leave 16).
-    assert eng._chunking(45, 64 - 19 + 1) == (45, (32, 8, 4, 1))
-    for n, new in ((45, 10), (45, 19), (61, 3), (63, 1)):
+    assert eng._chunking(20) == (32, ((32, 0),))           # one bucket, left-padded
+    # 45 in whole 32-token chunks would pad to 64 = max_len: unpadded, 32 then the last 13 as a
+    # 16-token bucket that re-feeds the 3 positions before them.
+    assert eng._chunking(45) == (45, ((32, 0), (16, 3)))
+    assert eng._chunking(61) == (61, ((32, 0), (32, 3)))
+    assert eng._chunking(63) == (63, ((32, 0), (32, 1)))
+    # The output budget is min(new, max_len - n): 45 + 19 = 64 leaves no padding.
+    assert eng._chunking(45, 64 - 19 + 1) == (45, ((32, 0), (16, 3)))
+    # Too few positions behind the rest: its largest bucket first, the rest fills out of it.
+    assert eng._chunking(20, 21) == (20, ((16, 0), (8, 4)))
+    # After a reused prefix, the positions behind are the prefix's.
+    assert eng._chunking(3, 4, before=16) == (3, ((8, 5),))
+    # Shorter than min_chunk on an empty slot with no room: one token a chunk.
+    assert eng._chunking(5, 6) == (5, ((1, 0),) * 5)
+    for n, new in ((45, 10), (45, 19), (61, 3), (63, 1), (20, 44), (5, 59)):
         r = req(n, 90 + n, new=new)
         got = eng.generate([r, req(5, 91, new=12)])[0]
         assert len(got.output_ids) == new
         greedy_reference(params, r, got.output_ids)
         np.testing.assert_allclose(got.logprobs, full_forward_logp(params, r, got.output_ids, 1.0),
                                    atol=1e-5, rtol=0)
+
+
+def test_a_last_chunk_filled_out_from_a_reused_prefix_with_holes(params, monkeypatch):
+    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16, min_chunk=8)
+    held = []
+    monkeypatch.setattr(eng, "_held", lambda *a: held.append(ContinuousEngine._held(eng, *a))
+                        or held[-1])
+    # Turn 1: 16 tokens at 0..15, one reply token fed at 16. Turn 2: 3 new tokens padded to 8
+    # (holes at 17..21, tokens at 22..24), one reply token fed at 25.
+    greedy = functools.partial(SamplingParams, temperature=0.0)
+    ids = prompt(16, 40)
+    for turn, extra in enumerate((2, 1)):
+        got = eng.generate([GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=2))])
+        ids = ids + got[0].output_ids + prompt(extra, 41 + turn)
+    # Turn 3: 23 tokens, 21 cached (the last at 25); its 2 new ones at 26, 27 and 36 output
+    # tokens (fed at 28..62) fill the slot: no room to pad, so one 8-token chunk re-feeds
+    # positions 20..25, two of them holes.
+    r = GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=64 - 28))
+    got = eng.generate([r])[0]
+    assert got.cached_tokens == 21 and len(got.output_ids) == 36
+    assert len(held) == 1 and held[0][1].tolist() == [False] * 2 + [True] * 4
+    greedy_reference(params, r, got.output_ids)
+    np.testing.assert_allclose(got.logprobs, full_forward_logp(params, r, got.output_ids, 1.0),
+                               atol=1e-5, rtol=0)
 
 
 def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucket(monkeypatch):

@@ -40,6 +40,7 @@ report T = 1.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from typing import Any, Callable, Collection, NamedTuple, Sequence
@@ -338,13 +339,14 @@ class _Job:
     on_tokens: StreamHook | None
     max_new: int = 0
     # The prefill plan, made when the job takes a slot: the prompt's first `cached` tokens are
-    # already in the slot (positions < start); the rest, left-padded to `sum(chunks)`, is
-    # written from `start` on, one chunk of `chunks` per step.
+    # already in the slot (positions < start); the rest, left-padded to `len(padded_ids)`, is
+    # written from `start` on, one chunk of `chunks` per step: (size, back), `size` tokens
+    # whose first `back` re-feed the positions before the chunk's new ones (`_chunking`).
     cached: int = 0
     start: int = 0
     padded_ids: np.ndarray = None
     padded_valid: np.ndarray = None
-    chunks: tuple[int, ...] = ()
+    chunks: tuple[tuple[int, int], ...] = ()
     next_chunk: int = 0
     slot: int = -1
     ids: list[int] = dataclasses.field(default_factory=list)
@@ -359,7 +361,7 @@ class _Job:
     @property
     def prefilled(self) -> int:
         """Positions of `padded_ids` written so far."""
-        return sum(self.chunks[:self.next_chunk])
+        return sum(size - back for size, back in self.chunks[:self.next_chunk])
 
 
 @dataclasses.dataclass(eq=False)
@@ -405,8 +407,9 @@ class ContinuousEngine:
     request whose prompt another slot is prefilling right now waits for it, so the G samples
     of a prompt prefill it once. Free slots are evicted least recently used first; new weights
     (another `params` object or `weight_version`) make every kept prefix stale.
-    `stats["prefill_tokens"]` counts prompt tokens computed, `stats["cached_tokens"]` those
-    reused, and each result's `cached_tokens` its own.
+    `stats["prefill_tokens"]` counts prompt tokens computed (not those a chunk re-feeds,
+    `_chunking`), `stats["cached_tokens"]` those reused, and each result's `cached_tokens` its
+    own.
 
     The slot cache is allocated by the first step after the engine was idle; `release` drops
     it (and the prefix cache) while idle. `params` and `weight_version` may be replaced
@@ -559,25 +562,28 @@ class ContinuousEngine:
     def programs(self, filtering: Collection[bool] = (False, True)
                  ) -> list[tuple[str, dict[str, int]]]:
         """Every program a step of this engine can dispatch, as (jitted function, its shapes):
-        `_prefill_chunk` for each chunk size `_chunking` can plan (its power-of-two buckets,
-        the halvings of `prefill_chunk` and the unpadded pieces near the context limit) at
-        each S bucket that holds it (a later chunk, or one after a reused prefix, reads up to
-        `max_len`); `_decode` at each S bucket with its `steps_at` steps; `_copy_prefix` at
-        each S bucket when the prefix cache is on. Each of the first two once per value of
-        `filtering` that requests can need (both, unless every request samples alike)."""
+        `_prefill_chunk` for each chunk size `_chunking` can plan (`prefill_chunk` and the
+        power-of-two buckets from `min_chunk` below it) at each S bucket that holds it (a
+        later chunk, or one after a reused prefix, reads up to `max_len`), and with one token
+        at the smallest S bucket; `_decode` at each S bucket with its `steps_at` steps;
+        `_copy_prefix` at each S bucket when the prefix cache is on. Each of the first two once
+        per value of `filtering` that requests can need (both, unless every request samples
+        alike)."""
         spans = [self._bucket(1)]
         while spans[-1] < self.max_len:
             spans.append(self._bucket(spans[-1] + 1))
-        top, b = self.prefill_chunk, self.min_chunk
-        sizes = {top >> k for k in range(top.bit_length())} | {top}   # halvings and pieces
-        while b < top:                                                 # one-chunk buckets
+        top, b = self.prefill_chunk, min(self.min_chunk, self.prefill_chunk)
+        sizes = {top}
+        while b < top:
             sizes.add(b)
             b *= 2
         sizes = {c for c in sizes if c < self.max_len}
+        prefills = [(c, b) for c in sorted(sizes) for b in spans if b >= self._bucket(c)]
+        if 1 not in sizes:    # a short prompt on an empty slot with no room to pad it
+            prefills.insert(0, (1, spans[0]))
         out = []
         for f in filtering:
-            out += [("prefill", dict(chunk=c, span=b, filtering=int(f)))
-                    for c in sorted(sizes) for b in spans if b >= self._bucket(c)]
+            out += [("prefill", dict(chunk=c, span=b, filtering=int(f))) for c, b in prefills]
             out += [("decode", dict(span=b, steps=self.steps_at(b), filtering=int(f)))
                     for b in spans if b >= self._bucket(self.decode_steps)]
         if self.prefix_cache:
@@ -672,32 +678,41 @@ class ContinuousEngine:
     def _bucket(self, n: int) -> int:
         return bucket(n, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
 
-    def _chunking(self, n: int, room: int | None = None) -> tuple[int, tuple[int, ...]]:
-        """(padded length, chunk sizes) of an n-token prompt whose padded length must be below
-        `room` (default max_len): one power-of-two bucket up to `prefill_chunk`, else whole
-        `prefill_chunk`s. When that padding would leave no room, the chunk is halved (down to
-        `min_chunk`), so a prompt near the context limit is prefilled in more, smaller chunks;
-        when even `min_chunk` pads past the room, the prompt goes unpadded in chunks of
-        `prefill_chunk` and then the powers of two of what is left (498 = 256+128+64+32+16+2),
-        at most one compile per power of two. Every prompt shorter than `room` fits."""
+    def _chunking(self, n: int, room: int | None = None, before: int = 0
+                  ) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """(positions, chunks) of an n-token prompt written after the `before` positions a slot
+        holds, in fewer than `room` positions (default max_len). A chunk is (size, back): a
+        dispatch of `size` tokens starting `back` positions before the prompt's next one, its
+        first `back` tokens what the slot holds there (the same ids at the same positions:
+        their K/V recomputed, equal up to rounding; holes stay holes).
+
+        Padded on the left: one power-of-two bucket from `min_chunk` up to `prefill_chunk`, else
+        whole `prefill_chunk`s. When the padding leaves no room (the output budget runs to the
+        context limit), unpadded: whole `prefill_chunk`s, then one bucket for the rest, filled
+        out with the positions before it; with too few of those, the largest bucket the rest
+        holds goes first. So every chunk size is a bucket or `prefill_chunk`, whatever the
+        prompt's length, except that a prompt shorter than `min_chunk` on an empty slot with no
+        room goes one token a chunk. Every prompt shorter than `room` fits."""
         room = self.max_len if room is None else room
-        if n <= self.prefill_chunk:
-            padded = bucket(n, lo=self.min_chunk, hi=self.prefill_chunk)
-            if padded < room:
-                return padded, (padded,)
-        chunk = self.prefill_chunk
-        while chunk >= self.min_chunk:
-            padded = -(-n // chunk) * chunk
-            if padded < room:
-                return padded, (min(chunk, padded),) * (padded // min(chunk, padded))
-            chunk //= 2
-        sizes, left, piece = [], n, self.prefill_chunk
-        while left:
-            while piece > left:
-                piece //= 2
-            sizes.append(piece)
-            left -= piece
-        return n, tuple(sizes)
+        top = self.prefill_chunk
+        lo = min(self.min_chunk, top)
+        padded = bucket(n, lo=lo, hi=top) if n <= top else -(-n // top) * top
+        if padded < room:
+            size = min(padded, top)
+            return padded, ((size, 0),) * (padded // size)
+        chunks, left = [(top, 0)] * (n // top), n % top
+        if left and bucket(left, lo=lo, hi=top) - left > before + n - left:
+            if left < lo:          # so nothing is before it (a reused prefix has >= min_chunk)
+                return n, ((1, 0),) * n
+            first = lo
+            while 2 * first <= left:
+                first *= 2
+            chunks.append((first, 0))     # the rest, < first, then fits back into it
+            left -= first
+        if left:
+            size = bucket(left, lo=lo, hi=top)
+            chunks.append((size, size - left))
+        return n, tuple(chunks)
 
     def _admit(self) -> None:
         """Give queued jobs free slots, in order, each with its prefill plan; a job whose
@@ -744,7 +759,7 @@ class ContinuousEngine:
         # prompt's padding (and a reused prefix's holes) may only take positions it leaves.
         want = min(job.request.sampling.max_new_tokens, self.max_len - n)
         start = self._content[best_slot].pos[best - 1] + 1 if best >= self.min_chunk else 0
-        padded, chunks = self._chunking(n - best, self.max_len - start - want + 1)
+        padded, chunks = self._chunking(n - best, self.max_len - start - want + 1, start)
         if start == 0 or start + padded + want > self.max_len:
             # No prefix worth a copy or a hole in the slot, or the rest does not fit after it.
             best, best_slot, start = 0, None, 0
@@ -783,6 +798,15 @@ class ContinuousEngine:
         sc.used = self._steps
         self.stats["prefix_copies"] += 1
 
+    def _held(self, slot: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, valid) of what `slot` holds at positions [lo, hi)."""
+        c = self._content[slot]
+        a, b = bisect.bisect_left(c.pos, lo), bisect.bisect_left(c.pos, hi)
+        ids, valid = np.zeros((hi - lo,), np.int32), np.zeros((hi - lo,), np.bool_)
+        at = np.asarray(c.pos[a:b], np.int64) - lo
+        ids[at], valid[at] = c.ids[a:b], True
+        return ids, valid
+
     def _settings(self, job: _Job) -> SlotState:
         sp = job.request.sampling
         stop = np.full((1, MAX_STOP_IDS), -1, np.int32)
@@ -800,19 +824,23 @@ class ContinuousEngine:
         return needs_filtering([j.request.sampling for j in jobs], self.cfg.vocab_size)
 
     def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
-        i, c, at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
+        i, (size, back), at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
         first, last = i == 0, i + 1 == len(job.chunks)
-        index = job.start + at
-        ids, valid = job.padded_ids[at:at + c], job.padded_valid[at:at + c]
+        index = job.start + at       # the chunk's first new position; it starts `back` before
+        ids = job.padded_ids[at:at + size - back]
+        valid = job.padded_valid[at:at + size - back]
+        if back:
+            held_ids, held_valid = self._held(job.slot, index - back, index)
+            ids, valid = np.concatenate([held_ids, ids]), np.concatenate([held_valid, valid])
         self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
             self.cfg, self.params, self._state, np.int32(job.slot), ids, valid,
-            np.int32(index), np.int32(index), np.bool_(first), np.bool_(last),
-            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index + c),
+            np.int32(index - back), np.int32(index - back), np.bool_(first), np.bool_(last),
+            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index - back + size),
             filtering=self._filtering([job]))
         job.next_chunk += 1
         content = self._content[job.slot]
-        real = np.flatnonzero(valid)
-        content.ids += ids[real].tolist()
+        real = np.flatnonzero(valid[back:])
+        content.ids += ids[back:][real].tolist()
         content.pos += (index + real).tolist()
         self.stats["prefill_chunks"] += 1
         self.stats["prefill_tokens"] += len(real)
