@@ -255,8 +255,10 @@ def config_rehearsal(out_dir: str = "runs/rehearsal") -> TrainConfig:
                         # 16 instances a step, so the tools they offer span the catalog's
                         # kinds (basic, specialist, generalist) and the step calls each kind
                         # (8 offered no specialist and only the two generalists the policy
-                        # names worst); context: the longest train prompt with one tool is
-                        # 2,078 tokens (TrainConfig checks the first's).
+                        # names worst); context: the longest train prompt (one tool, the
+                        # longest Pairs_train instruction) is 2,119 tokens, which the trainer
+                        # checks; the held-out eval offers the whole catalog (2,524 tokens)
+                        # and runs at rehearse.EVAL_CONTEXT_TOKENS.
                         group_size=2, tasks_per_step=16, max_turns=2, context_tokens=2304,
                         max_new_tokens=64, enable_thinking=False, max_in_flight=16,
                         weight_sync_dir=f"{out_dir}/weights"),

@@ -1,12 +1,11 @@
-"""`orchestrax rehearse` end to end: the summary the issue asks for, from a run with one GRPO
-step (in the suite), and a second case (opt-in) with one trainer process SIGKILLed mid-RL and
-the redone step equal to the step the killed run had logged.
+"""`orchestrax rehearse` end to end, one run for both cases the issue asks for: the summary
+(processes, tools billed, servers, weight versions, checkpoints, export, eval) of a run in which
+one trainer process is SIGKILLed mid-RL, and both processes resume from the last complete
+checkpoint and redo the step with the metrics the killed run had logged for it.
 
-The killed case needs two GRPO steps: `config_rehearsal` checkpoints only at its last GRPO
-step, so a kill after step 1 resumes from the warm start's checkpoint and redoes step 1, whose
-row the killed run wrote first. The tools run on the nominal clock there, so a redone step's
-rewards do not depend on machine load. It takes a few minutes more than the first case, so it
-runs only with ORCHESTRAX_REHEARSAL_TEST=1 (BUILD.md has both timings)."""
+`config_rehearsal` checkpoints only after its warm start and its last GRPO step, so a kill after
+step 1 of 2 resumes from the warm start's checkpoint and redoes step 1. The tools run on the
+nominal clock there, so a redone step's rewards do not depend on machine load."""
 
 import json
 import os
@@ -92,21 +91,16 @@ def _check_summary(summary: dict, proc: subprocess.CompletedProcess, rl_steps: i
     assert "acc" in proc.stdout and "cents/task" in proc.stdout and "min/task" in proc.stdout
 
 
-@pytest.mark.slow  # BUILD.md: its measured minutes on the 2-core box
-def test_rehearsal_runs_end_to_end(tmp_path, shared_data):
-    proc, summary = _rehearse(tmp_path / "rehearsal", "--set", "steps=1")
-    _check_summary(summary, proc, rl_steps=1)
-    assert summary["resumed_from"] is None and summary["killed_after_step"] is None
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("ORCHESTRAX_REHEARSAL_TEST") != "1",
-                    reason="the kill and resume case: set ORCHESTRAX_REHEARSAL_TEST=1")
-def test_a_killed_process_resumes_with_the_killed_runs_metrics(tmp_path, shared_data):
+@pytest.mark.slow  # BUILD.md, "The rehearsal": its measured minutes on the 2-core box
+def test_rehearsal_runs_end_to_end_and_a_killed_process_resumes_with_its_metrics(tmp_path,
+                                                                                 shared_data):
     out = tmp_path / "rehearsal"
     proc, summary = _rehearse(out, "--kill-after-step", "1")
     cfg = load_config(CONFIG)
+    assert cfg.steps == 2
     _check_summary(summary, proc, rl_steps=cfg.steps)
+    assert {"servers", "data", "train", "export", "eval", "total"} <= set(summary["seconds"])
+    assert "killed and restarted" in summary["train_seconds"]
     # Both processes resumed from the newest complete checkpoint (the warm start's), and
     # redid step 1 with the metrics the killed run had logged for it.
     assert summary["killed_after_step"] == 1 and summary["resumed_from"] == cfg.sft_steps

@@ -123,3 +123,17 @@ def test_the_llm_tools_get_words_from_a_tiny_expert(monkeypatch):
         assert result.observation.strip() and result.observation != "[empty reply]"
         assert result.output_tokens > 0 and result.cost > 0
         assert repeat.observation == result.observation
+
+
+def test_the_held_out_evals_prompts_are_checked_against_its_context(monkeypatch, shared_data):
+    """The eval offers the whole catalog, so its prompts are longer than any training prompt:
+    the rehearsal checks them against the context it evaluates at before starting anything."""
+    monkeypatch.setenv("ORCHESTRAX_REHEARSAL_PORT", "40000")
+    monkeypatch.setenv("ORCHESTRAX_DATA", str(shared_data))
+    cfg = load_config(f"{CONFIG}:config_rehearsal")
+    longest = rehearse.check_eval_context(cfg)
+    assert cfg.rollout.context_tokens < longest < rehearse.EVAL_CONTEXT_TOKENS
+    with pytest.raises(ValueError, match=rf"^rehearsal: EVAL_CONTEXT_TOKENS={longest} cannot hold "
+                                         rf"the prompt of eval task '.*', {longest} tokens before "
+                                         rf"any reply; must be > {longest}$"):
+        rehearse.check_eval_context(cfg, context_tokens=longest)

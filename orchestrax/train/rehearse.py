@@ -45,6 +45,12 @@ from orchestrax.train.overrides import apply_overrides, load_config
 DEFAULT_CONFIG = "configs/toolorchestra.py:config_rehearsal"
 EVAL_TASKS = ("bamboogle", "aime")
 EVAL_LIMIT = 2     # tasks per eval set
+EVAL_SHEET = "eval_heldout"
+# The held-out eval offers the whole catalog (as the paper evaluates), whose schemas alone are
+# ~2,000 tiny-tokenizer tokens: its longest prompt is 2,524 tokens, past the training context
+# (instances offer one tool). The rollout servers hold this much and the eval runs at it; the
+# training rows (SFT, GRPO) stay at `rollout.context_tokens`.
+EVAL_CONTEXT_TOKENS = 3072
 # Warm-start conversations: 96 train tasks, each with 4 of the 8 tools (48 calls of each tool).
 # With one tool a task, the policy learnt each question's tool and named it on instances that
 # offer another one (BUILD.md, "The rehearsal").
@@ -111,7 +117,8 @@ def start_servers(cfg: TrainConfig, out: pathlib.Path, fleet: Fleet,
     env = _python_env()
     for i, url in enumerate(rollout):
         fleet.start(f"rollout-{i}", [*py, "--model", str(start), "--port", str(url_port(url)),
-                                     "--max-len", str(cfg.rollout.context_tokens + 1),
+                                     "--max-len",
+                                     str(max(cfg.rollout.context_tokens, EVAL_CONTEXT_TOKENS) + 1),
                                      "--max-batch", "16", "--seed", str(cfg.seed),
                                      *(a for r in weight_roots for a in ("--weight-root", r))],
                     env=env)
@@ -270,11 +277,13 @@ def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, f
     before = _checkpoints(out)
     if before:
         info["resumed_from"] = before[-1]
+    timeline = _Timeline()
     trainers = _start_trainers(fleet, argv, processes)
     while True:
         fleet.check(trainers, done_ok=True)
         if all(t.proc.poll() == 0 for t in trainers):
             break
+        timeline.rows(metrics)
         if kill_after is not None and info["killed_after_step"] is None and any(
                 r["phase"] == "rl" and r["step"] >= kill_after for r in _rows(metrics)):
             os.killpg(trainers[-1].proc.pid, signal.SIGKILL)
@@ -283,13 +292,41 @@ def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, f
             shutil.copyfile(metrics, out / "metrics.killed.jsonl")
             steps = _checkpoints(out)
             info |= {"killed_after_step": kill_after, "resumed_from": steps[-1] if steps else None}
+            timeline.mark("killed and restarted")
             trainers = _start_trainers(fleet, argv, processes)
             continue
         if time.monotonic() > deadline:
             raise TimeoutError("rehearsal: the trainer did not finish in time")
         time.sleep(0.5)
+    timeline.rows(metrics)
+    timeline.mark("trainers exited")
     fleet.stop(trainers)
+    rl = [r for r in _rows(metrics) if r["phase"] == "rl"]
+    info["train_seconds"] = timeline.seconds | {
+        f"rl {r['step']} {part}": round(r[f"time/{part}_s"], 1)
+        for r in rl for part in ("rollout", "step") if f"time/{part}_s" in r}
     return info
+
+
+class _Timeline:
+    """Seconds from the trainers' start at which each metrics row was first seen (SFT rows come
+    every 10 steps; a row a resumed run writes anew is marked "again"), and named events."""
+
+    def __init__(self):
+        self.start, self.seconds, self.lines, self.restarted = time.monotonic(), {}, set(), False
+
+    def mark(self, event: str) -> None:
+        self.seconds[event] = round(time.monotonic() - self.start, 1)
+        self.restarted |= event.startswith("killed")
+
+    def rows(self, path: pathlib.Path) -> None:
+        lines = path.read_text().split("\n")[:-1] if path.exists() else []  # whole lines
+        for line in lines:
+            if line.strip() and line not in self.lines:
+                self.lines.add(line)
+                r = json.loads(line)
+                self.mark(f"{r['phase']} {r['step']} logged" + (" again" if self.restarted
+                                                                 else ""))
 
 
 def evaluate(spec: str, out: pathlib.Path, export: pathlib.Path, servers: dict[str, Any],
@@ -304,11 +341,11 @@ def evaluate(spec: str, out: pathlib.Path, export: pathlib.Path, servers: dict[s
     users = [e for e in _endpoints(cfg.env)]
     argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy",
             f"sglang:{servers['router']}", "--tokenizer", str(export), "--tasks", *EVAL_TASKS,
-            "--limit", str(EVAL_LIMIT), "--train-config", spec, "--sheet", "eval_heldout",
+            "--limit", str(EVAL_LIMIT), "--train-config", spec, "--sheet", EVAL_SHEET,
             "--out", str(out / "eval"), "--no-progress", "--max-error-rate", "1",
             "--max-turns", str(cfg.rollout.max_turns), "--turn-sweep", str(cfg.rollout.max_turns),
             "--max-new-tokens", str(cfg.rollout.max_new_tokens),
-            "--context-tokens", str(cfg.rollout.context_tokens),
+            "--context-tokens", str(EVAL_CONTEXT_TOKENS),
             "--seconds-per-token", str(cfg.rollout.seconds_per_token)]
     if not cfg.rollout.enable_thinking:
         argv.append("--no-thinking")
@@ -324,6 +361,26 @@ def evaluate(spec: str, out: pathlib.Path, export: pathlib.Path, servers: dict[s
     return {r["task_set"]: {"accuracy": r["accuracy"], "cents": r["cents_per_task"],
                            "minutes": r["minutes_per_task"], "tasks": r.get("tasks")}
             for r in rows}
+
+
+def check_eval_context(cfg: TrainConfig, context_tokens: int = EVAL_CONTEXT_TOKENS) -> int:
+    """The held-out eval's prompts (its task sets as `orchestrax eval` prepares them: the whole
+    catalog on the eval sheet, each task's own instruction) fit `context_tokens`, checked before
+    any process starts; else one line naming the limit and the sizes. Returns the longest."""
+    from orchestrax import registry
+    from orchestrax.data.instances import InstanceConfig
+    from orchestrax.eval.tasksets import TaskSetOptions, load_task_set
+    from orchestrax.train.train_config import longest_prompt
+    catalog, codec = registry.build_catalog(cfg.tools), registry.build_codec(cfg.tokenizer)
+    opts = TaskSetOptions(limit=EVAL_LIMIT, tools=catalog,
+                          instances=InstanceConfig(eval_sheet=EVAL_SHEET))
+    longest = max(longest_prompt(cfg, ts.env, codec, ts.tasks, "eval")
+                  for ts in (load_task_set(name, opts) for name in EVAL_TASKS))
+    if longest[0] >= context_tokens:
+        raise ValueError(f"rehearsal: EVAL_CONTEXT_TOKENS={context_tokens} cannot hold the "
+                         f"prompt of eval task {longest[1]!r}, {longest[0]} tokens before any "
+                         f"reply; must be > {longest[0]}")
+    return longest[0]
 
 
 def summarize(out: pathlib.Path, cfg: TrainConfig, processes: int, servers: dict[str, Any],
@@ -361,6 +418,7 @@ def summarize(out: pathlib.Path, cfg: TrainConfig, processes: int, servers: dict
         "checkpoints": _checkpoints(out), "resumed_from": info["resumed_from"],
         "killed_after_step": info["killed_after_step"],
         "export_dir": str(export), "eval": evals, "seconds": seconds,
+        "train_seconds": info["train_seconds"],
         "exercised": ["sglang-router", "orchestrax serve (rollout)", "orchestrax serve --tiny "
                       "(LLM tools, tau2 user)", "jax.distributed (gloo)", "SFT from JSONL",
                       "GRPO", "update_weights_from_disk", "Orbax checkpoints", "HF export",
@@ -451,6 +509,7 @@ def prepare(what: str, spec: str, sets: Sequence[str]) -> None:
     config's real tools (the expert servers must be up); each only where absent."""
     cfg = apply_overrides(load_config(spec), sets)
     if what == "model":
+        check_eval_context(cfg)
         _start_model(cfg, pathlib.Path(cfg.out_dir) / "start_model")
     elif cfg.sft_data and not pathlib.Path(cfg.sft_data[0]).exists():
         from orchestrax import registry
