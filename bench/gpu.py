@@ -149,7 +149,8 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 
     cfg, prompt, new, chunk = sampler_setup(smoke, concurrency)
-    params = jax.jit(models.init_params, static_argnums=0)(cfg)
+    # Laid out as the embedded sampler keeps its copy (embedded.sampler_copy): layers unstacked.
+    params = jax.jit(lambda: models.unstack_layers(models.init_params(cfg)))()
     engine = eng_mod.ContinuousEngine(cfg, params, max_batch=concurrency, max_len=chunk + new,
                                       prefill_chunk=chunk, decode_steps=SAMPLER_DECODE_STEPS)
     rng = np.random.default_rng(0)

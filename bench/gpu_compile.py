@@ -8,9 +8,9 @@ XLA's compiled memory per device (arguments, temporaries, their total with donat
 counted once), plus what stays on the device outside that compile ("held": the frozen KL
 reference during the GRPO step; the train state and reference while the embedded sampler
 runs), against the usable memory of the card, and what the optimized HLO holds: cuDNN
-attention calls, big copies in the decode step (a whole-cache or per-layer KV copy, a weight
-copy), collectives, conditionals (each a host read of its predicate on XLA:GPU outside a CUDA
-graph), whether XLA warned of an "involuntary full rematerialization", and the HBM bytes
+attention calls, big copies in the sampler's steps (a whole-cache or per-layer KV copy, a
+layer's weight matrix copied out of stacked params: `hbm_traffic.copies`), collectives,
+conditionals (each a host read of its predicate on XLA:GPU outside a CUDA graph), whether XLA warned of an "involuntary full rematerialization", and the HBM bytes
 one execution moves, estimated from the optimized HLO (bench/hbm_traffic.py: XLA's
 cost_analysis() is None for a deviceless GPU compile), with a decode step's ratio to its floor
 (`decode_floor`: the weights and the K and V of the span it attends). The
@@ -197,7 +197,7 @@ def lower_case(case: Case, devices, smoke: bool):
         state = jax.eval_shape(lambda p: rl.init_state(p, tc.optim), p_shapes)
         info["held"] = held_ref + _device_bytes(abstract(
             state, rl.state_shardings(cfg, tc.optim, mesh)))
-        # Traced as the sampler runs it: no mesh rules.
+        # Traced as the sampler runs it: no mesh rules, its copy's layers unstacked.
         return _lower_engine(case.kind, cfg.replace(remat="none"), ref_params, sh, mesh, info)
     with parallel.activation_sharding(mesh):
         if case.kind in ("grpo", "sft"):
@@ -239,16 +239,18 @@ def lower_case(case: Case, devices, smoke: bool):
 
 def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
     """The continuous engine's own jitted steps over its slot cache, on the compute-dtype copy
-    of the weights it gets at every weight sync, with the state placed as the engine places it
-    on the params' mesh (`engine.state_shardings`: the cache's kv heads split over the GPUs)."""
+    of the weights it gets at every weight sync (layers unstacked, as `sampler_copy` makes
+    it), with the state placed as the engine places it on the params' mesh
+    (`engine.state_shardings`: the cache's kv heads split over the GPUs)."""
     rep = NamedSharding(mesh, PartitionSpec())
     one = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
+    stacked, sp = sp, unstacked(sp)
     slots, max_len = sh["slots"], sh["max_len"]
     st_shapes = jax.eval_shape(lambda: engine_mod.init_state(scfg, slots, max_len))
     st = abstract(st_shapes, engine_mod.state_shardings(scfg, slots, max_len, mesh))
     info["rows"] = f"continuous: {slots} slots x {max_len}"
-    # A copy is big from one layer of one device's part of the cache on.
     info["kv_layer_bytes"] = _device_bytes(st.k) // scfg.num_layers
+    info["copy_bytes"] = _big_copy(stacked, info["kv_layer_bytes"], scfg.num_layers)
     if kind == "decode":
         info["floor_bytes"] = decode_floor(_device_bytes(sp), _device_bytes(st.k) * 2,
                                            max_len, max_len, 1)
@@ -292,17 +294,37 @@ def _lower_bench(case: Case, devices, smoke: bool):
     # The decode step's attention reads a cache: the chunked path on any backend.
     cfg, prompt, new, chunk = gpu.sampler_setup(smoke, arg)
     max_len = chunk + new
-    params = on(jax.eval_shape(lambda: models.init_params(cfg)))
+    stacked = on(jax.eval_shape(lambda: models.init_params(cfg)))
+    params = unstacked(stacked)
     st = on(jax.eval_shape(lambda: engine_mod.init_state(cfg, arg, max_len)))
     keep = jax.ShapeDtypeStruct((arg,), jnp.bool_, sharding=rep)
     info["rows"] = (f"continuous: {arg} slots x {max_len}, {gpu.SAMPLER_DECODE_STEPS} decode "
                     "steps")
-    info["kv_layer_bytes"] = st.k.size * st.k.dtype.itemsize // cfg.num_layers
+    info["kv_layer_bytes"] = _device_bytes(st.k) // cfg.num_layers
+    info["copy_bytes"] = _big_copy(stacked, info["kv_layer_bytes"], cfg.num_layers)
     info["floor_bytes"] = decode_floor(_device_bytes(params), 2 * _device_bytes(st.k), max_len,
                                        max_len, gpu.SAMPLER_DECODE_STEPS)
     return engine_mod._decode.lower(cfg, params, st, keep, keep,
                                     n_steps=gpu.SAMPLER_DECODE_STEPS, n_top=0,
                                     span=max_len, filtering=False), info
+
+
+def unstacked(params):
+    """Abstract params laid out as a sampler's copy (`models.unstack_layers`), each layer's
+    arrays placed as the stacked ones were, less their layer axis."""
+    layers = params["layers"]
+    n = jax.tree.leaves(layers)[0].shape[0]
+    one = lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=NamedSharding(  # noqa: E731
+        x.sharding.mesh, PartitionSpec(*x.sharding.spec[1:])))
+    return {**params, "layers": (jax.tree.map(one, layers),) * n}
+
+
+def _big_copy(params, kv_layer_bytes: int, layers: int) -> int:
+    """The size from which a copy in a sampler step counts as big: one layer's K (or V) of
+    this device's cache, or its smallest weight matrix of one layer, whichever is smaller."""
+    mats = [_device_bytes(x) // layers for x in jax.tree.leaves(params["layers"])
+            if len(x.shape) >= 3]
+    return min([kv_layer_bytes, *mats])
 
 
 def decode_floor(weight_bytes: int, kv_bytes: int, span: int, max_len: int, steps: int) -> int:
@@ -358,9 +380,9 @@ def _result_bytes(line: str) -> int:
 
 
 def _address_only(hlo: str) -> set[str]:
-    """Computations of XLA:GPU's dynamic-slice fusions: a loop's dynamic slice of a stacked
-    operand (a layer's weights) handed to the consumer as an address offset, so the `copy`
-    that is their root moves no data."""
+    """Computations of XLA:GPU's dynamic-slice fusions, whose lines are the inside of one
+    kernel (a slice and its hero), not kernels of their own. (With a copy as the hero the
+    kernel does move the slice: `hbm_traffic.copies` counts it.)"""
     names = set()
     for ln in hlo.splitlines():
         if '"dynamic_slice_fusion"' in ln:
@@ -373,9 +395,8 @@ def _address_only(hlo: str) -> set[str]:
 def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
     """Counts from the optimized HLO text: cuDNN custom calls, collectives and conditionals
     (static ops: those in the scanned layer body run once per layer), copies at least
-    `big_copy_bytes` large
-    (data moved: a copy or transpose, as an op or a fusion, not a dynamic-slice fusion's
-    address offset)."""
+    `big_copy_bytes` large (`hbm_traffic.copies`: kernels that only move data, a copy, a
+    transpose or a (dynamic) slice of an operand, as an op or a fusion of any kind)."""
     skip, inside = _address_only(hlo), None
     lines = []
     for ln in hlo.splitlines():
@@ -393,14 +414,7 @@ def hlo_facts(hlo: str, big_copy_bytes: int | None) -> dict:
         if m:   # an async start's result is a tuple: (operand, result)
             coll_max = max([coll_max, *(_result_bytes("= " + t) for t in
                                         re.findall(r"\w+\[[\d,]*\]", m.group(1)))])
-    copies = []
-    if big_copy_bytes:
-        for ln in lines:
-            if re.search(r"\b(copy(-start)?|transpose)\(", ln) or re.search(
-                    r"%\S*(copy|transpose)\S*\s*=.*fusion\(", ln):
-                b = _result_bytes(ln)
-                if b >= big_copy_bytes:
-                    copies.append(b)
+    copies = [b for _, _, b in hbm_traffic.copies(hlo, big_copy_bytes)] if big_copy_bytes else []
     # XLA:GPU reads a conditional's predicate on the host (a sync) unless a CUDA graph runs it.
     conditionals = sum(1 for ln in lines if re.search(r"\bconditional\(", ln))
     return {"cudnn": cudnn, "collectives": {k: v for k, v in coll.items() if v},
@@ -423,7 +437,7 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
              + m.temp_size_in_bytes)
     kv_layer = info.get("kv_layer_bytes")
     hlo = compiled.as_text()
-    facts = hlo_facts(hlo, kv_layer)
+    facts = hlo_facts(hlo, info.get("copy_bytes"))
     traffic = hbm_traffic.estimate(hlo)
     remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
     try:

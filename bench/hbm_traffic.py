@@ -375,6 +375,77 @@ class Estimator:
         return t
 
 
+MOVES = {"copy", "transpose", "slice", "dynamic-slice", "bitcast", "reshape"}
+
+
+def _moved_parameter(comp: Computation, ins: Instr) -> bool:
+    """Whether `ins` is a parameter passed through copies, transposes, slices and bitcasts
+    only, with at least one op that moves data."""
+    moved = False
+    while ins.opcode in MOVES:
+        moved |= ins.opcode not in ("bitcast", "reshape")
+        ins = comp.by_name[ins.operands[0]]
+    return moved and ins.opcode == "parameter"
+
+
+def _held(comps: dict[str, Computation], comp: Computation, name: str) -> bool:
+    """Whether value `name` of `comp` is a buffer the program holds (a parameter of its
+    computation: an argument, a loop's carried state) rather than one it computed, looking
+    through tuples, bitcasts and fusions that update a held buffer in place."""
+    ins = comp.by_name.get(name)
+    while ins is not None and ins.opcode in ("get-tuple-element", "bitcast"):
+        ins = comp.by_name.get(ins.operands[0])
+    if ins is None or ins.opcode == "parameter":
+        return ins is not None
+    if ins.opcode == "fusion" and ins.attr("calls") in comps:
+        called = comps[ins.attr("calls")]
+        targets = [t for t, _ in _in_place_updates(called, called.root)]
+        if len(targets) == 1 and targets[0] is not None:
+            return _held(comps, comp, ins.operands[targets[0].index])
+    return False
+
+
+def copies(hlo: str, min_bytes: int) -> list[tuple[str, str, int]]:
+    """Kernels that only copy a buffer the program holds (an argument or a loop's carried
+    state, such as the KV cache or the weights, not an activation), one entry per output of
+    at least `min_bytes`: a copy or transpose instruction, or a fusion (any kind: a kLoop
+    dynamic-slice fusion, a copy-hero `dynamic_slice_fusion`) each of whose outputs is a
+    copy, transpose or (dynamic) slice of one of its operands, such as a layer's K and V
+    or weights copied out of a stacked buffer. Static instructions: one in a loop body counts
+    once. (computation/instruction, what, bytes of that output)."""
+    comps = parse_module(hlo)
+    fused = {i.attr("calls") for c in comps.values() for i in c.instrs if i.opcode == "fusion"}
+    out = []
+    for comp in comps.values():
+        if comp.name in fused:
+            continue
+        for ins in comp.instrs:
+            if ins.opcode in ("copy", "transpose", "copy-start"):
+                sources = ins.operands[:1]
+                # a copy-start's shape is (operand, result, context)
+                sizes = [ins.bytes if ins.opcode != "copy-start"
+                         else array_bytes(_elements(ins.shape)[1])]
+            elif ins.opcode == "fusion" and ins.attr("calls") in comps:
+                called = comps[ins.attr("calls")]
+                root = called.root
+                els = ([called.by_name[o] for o in root.operands] if root.opcode == "tuple"
+                       else [root])
+                if not all(_moved_parameter(called, e) for e in els):
+                    continue
+                sources, sizes = [], []
+                for e in els:
+                    while e.opcode != "parameter":
+                        e = called.by_name[e.operands[0]]
+                    sources.append(ins.operands[e.index])
+                sizes = [e.bytes for e in els]
+            else:
+                continue
+            out += [(f"{comp.name}/{ins.name}", _label(ins), b) for src, b in zip(
+                sources * len(sizes) if len(sources) == 1 else sources, sizes)
+                if b >= min_bytes and _held(comps, comp, src)]
+    return out
+
+
 def estimate(hlo: str) -> Traffic:
     """Kernel-boundary HBM bytes of one execution of the HLO module's entry computation."""
     return Estimator(hlo).run()

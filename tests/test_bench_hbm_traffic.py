@@ -99,3 +99,78 @@ def test_slice_reads_conditional_branches_and_workspace():
     assert t.total == 8196 + 98304
     assert hbm_traffic.describe(t, 1) == ("big/g (custom-call __cublas$gemm -> "
                                           "(f32[8,1024], s8[4096]), x1) 0.09 MiB")
+
+
+# A decode step's layer loop as XLA:GPU compiled it with the cache stacked [L, ...]: the new
+# K row written in place, then a kLoop fusion copies the layer's K and V out of the cache, a
+# copy-hero dynamic-slice fusion a layer's weight out of the stacked params.
+STACKED = """HloModule m, entry_computation_layout={(f32[4,2,1024]{2,1,0}, f32[4,2,1024]{2,1,0}, f32[4,1024,8]{2,1,0}, s32[])->f32[2,8]{1,0}}
+
+%fused_kv (k: f32[4,2,1024], i: s32[], v: f32[4,2,1024]) -> (f32[1,2,1024], f32[1,2,1024]) {
+  %k = f32[4,2,1024]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %v = f32[4,2,1024]{2,1,0} parameter(2)
+  %z = s32[] constant(0)
+  %dk = f32[1,2,1024]{2,1,0} dynamic-slice(%k, %i, %z, %z), dynamic_slice_sizes={1,2,1024}
+  %dv = f32[1,2,1024]{2,1,0} dynamic-slice(%v, %i, %z, %z), dynamic_slice_sizes={1,2,1024}
+  ROOT %t = (f32[1,2,1024]{2,1,0}, f32[1,2,1024]{2,1,0}) tuple(%dk, %dv)
+}
+
+%fused_write (k: f32[4,2,1024], u: f32[1,2,1024], i: s32[]) -> f32[4,2,1024] {
+  %k = f32[4,2,1024]{2,1,0} parameter(0)
+  %u = f32[1,2,1024]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %w = f32[4,2,1024]{2,1,0} dynamic-update-slice(%k, %u, %i, %z, %z)
+}
+
+%fused_w (w: f32[4,1024,8], i: s32[]) -> f32[1,1024,8] {
+  %w = f32[4,1024,8]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = f32[1,1024,8]{2,1,0} dynamic-slice(%w, %i, %z, %z), dynamic_slice_sizes={1,1024,8}
+  ROOT %c = f32[1,1024,8]{2,1,0} copy(%ds)
+}
+
+%fused_scale (a: f32[1,2,1024]) -> f32[1,2,1024] {
+  %a = f32[1,2,1024]{2,1,0} parameter(0)
+  %two = f32[] constant(2)
+  %b = f32[1,2,1024]{2,1,0} broadcast(%two), dimensions={}
+  ROOT %m = f32[1,2,1024]{2,1,0} multiply(%a, %b)
+}
+
+ENTRY %main (k: f32[4,2,1024], v: f32[4,2,1024], w: f32[4,1024,8], i: s32[], u: f32[1,2,1024]) -> f32[2,8] {
+  %k = f32[4,2,1024]{2,1,0} parameter(0)
+  %v = f32[4,2,1024]{2,1,0} parameter(1)
+  %w = f32[4,1024,8]{2,1,0} parameter(2)
+  %i = s32[] parameter(3)
+  %u = f32[1,2,1024]{2,1,0} parameter(4)
+  %ku = f32[4,2,1024]{2,1,0} fusion(%k, %u, %i), kind=kLoop, calls=%fused_write
+  %kv = (f32[1,2,1024]{2,1,0}, f32[1,2,1024]{2,1,0}) fusion(%ku, %i, %v), kind=kLoop, calls=%fused_kv
+  %wl = f32[1,1024,8]{2,1,0} fusion(%w, %i), kind=kCustom, calls=%fused_w, backend_config={"fusion_backend_config":{"kind":"__custom_fusion","custom_fusion_config":{"name":"dynamic_slice_fusion"}}}
+  %k1 = f32[1,2,1024]{2,1,0} get-tuple-element(%kv), index=0
+  %s = f32[1,2,1024]{2,1,0} fusion(%k1), kind=kLoop, calls=%fused_scale
+  %sc = f32[1,2,1024]{2,1,0} copy(%s)
+  %kb = f32[2,1024]{1,0} bitcast(%sc)
+  %wb = f32[1024,8]{1,0} bitcast(%wl)
+  ROOT %d = f32[2,8]{1,0} dot(%kb, %wb), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_copies_count_slice_fusions_of_a_stacked_cache_and_weights():
+    # The K and V slices (8 KiB each; K out of the buffer updated in place) and the weight
+    # slice (32 KiB); not the in-place write, nor the scaling fusion, which computes, nor
+    # the copy of its result (an activation, not a buffer the program holds).
+    found = hbm_traffic.copies(STACKED, 8192)
+    assert sorted((name, b) for name, _, b in found) == [
+        ("main/kv", 8192), ("main/kv", 8192), ("main/wl", 32768)]
+    assert [name for name, _, _ in hbm_traffic.copies(STACKED, 16384)] == ["main/wl"]
+    # On a CPU compile: a layer of a stacked buffer taken out whole is a copy (a slice kernel
+    # of its own); the same slice consumed by arithmetic is fused into it and is not.
+    x = jnp.ones((4, 64, 256), F32)
+    taken = jax.jit(lambda x, i: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False))
+    hlo = taken.lower(x, 1).compile().as_text()
+    assert [b for _, _, b in hbm_traffic.copies(hlo, 64 * 256 * 4)] == [64 * 256 * 4]
+    used = jax.jit(lambda x, i: jnp.tanh(jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)))
+    assert hbm_traffic.copies(used.lower(x, 1).compile().as_text(), 1024) == []

@@ -83,6 +83,23 @@ def test_logprobs_equal_full_forward_log_softmax(params):
                                    atol=1e-5, rtol=0)
 
 
+def test_the_samplers_unstacked_copy_gives_the_same_tokens_logprobs_and_scores(params):
+    # The embedded sampler's copy keeps its layers unstacked (sampler_copy): the engine reads
+    # it as it reads stacked params, to the bit; the prompt scorer's forward runs its layers
+    # one after another instead of under a scan (XLA fuses them differently: ~1e-6 apart).
+    from orchestrax.rollout.embedded import sampler_copy
+    copy = sampler_copy(CFG, params)
+    assert isinstance(copy["layers"], tuple) and len(copy["layers"]) == CFG.num_layers
+    reqs = [req(5, 40, new=8, t=0.9, sampling_seed=4), req(23, 41, new=8), req(9, 42, new=8)]
+    want = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=16)
+    got = ContinuousEngine(CFG, copy, max_batch=2, max_len=64, prefill_chunk=16)
+    for a, b in zip(want.generate(reqs), got.generate(reqs)):
+        assert a.output_ids == b.output_ids and a.logprobs == b.logprobs
+    ids = jnp.asarray([prompt(12, 43)], jnp.int32)
+    np.testing.assert_allclose(models.hidden_states(CFG, copy, ids),
+                               models.hidden_states(CFG, params, ids), atol=1e-5, rtol=0)
+
+
 def test_mixed_temperatures_and_seeds_reproducible_per_row(params):
     reqs = [req(6, 20, new=12, t=1.0, sampling_seed=7), req(13, 21, new=12, t=0.5,
                                                             sampling_seed=8),
@@ -383,9 +400,9 @@ def test_slot_cache_splits_its_kv_heads_over_the_params_mesh_with_the_same_sampl
             assert p.output_ids == s.output_ids     # greedy row 0, seeded T = 1 rows 1, 2
             np.testing.assert_allclose(p.logprobs, s.logprobs, atol=1e-5, rtol=0)
     state = eng._state                      # after prefills, prefix copies and decodes
-    for x in (state.k, state.v):
-        assert x.sharding.spec == P(None, None, "fsdp")
-        assert x.addressable_shards[0].data.shape == (2, 4, 1, 160, 32)
+    for x in state.k + state.v:             # a [R, K, S, H] buffer per layer
+        assert x.sharding.spec == P(None, "fsdp")
+        assert x.addressable_shards[0].data.shape == (4, 1, 160, 32)
     assert state.mask_RS.sharding.spec == P()
     # No collective in either step moves cache: each is at most a few rows of activations,
     # far below one layer's k of one slot (8 heads x 160 positions x 32).

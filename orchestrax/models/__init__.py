@@ -8,7 +8,7 @@ from orchestrax.models.hf_io import config_from_hf, config_to_hf, load_hf, save_
 from orchestrax.models.model import (compute_copy, forward, forward_with_cache, hidden_states, init_cache,
                                      jit_forward, jit_forward_with_cache, lm_logits,
                                      logprobs_from_hidden, positions_from_mask, token_logprobs)
-from orchestrax.models.slots import SlotCache, forward_slots, init_slots
+from orchestrax.models.slots import SlotCache, forward_slots, init_slots, unstack_layers
 from orchestrax.models.sharding import (cache_logical_axes, logical_axes, module_shardings,
                                         param_logical_axes, param_shardings, shard_params)
 
@@ -19,4 +19,5 @@ __all__ = [
     "logprobs_from_hidden", "value_and_grad_into",
     "module_shardings", "num_params", "param_logical_axes", "param_shardings",
     "positions_from_mask", "preset", "save_hf", "shard_params", "tiny_config", "token_logprobs",
+    "unstack_layers",
 ]

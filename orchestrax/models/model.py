@@ -111,6 +111,12 @@ def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, kv_valid_BS, 
 
     if cfg.remat != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat], prevent_cse=False)
+    if isinstance(params["layers"], tuple) and cache is None:
+        # A sampler's copy, its layers unstacked (slots.unstack_layers): one block per layer
+        # (the sampler's prompt scoring reads it).
+        for lp in params["layers"]:
+            x_BTD, _ = body(x_BTD, (lp, None))
+        return x_BTD, None
     kv = None if cache is None else (cache["k"], cache["v"])
     return jax.lax.scan(body, x_BTD, (params["layers"], kv))
 

@@ -2,19 +2,21 @@
 
 Letters as in model.py, plus R cache rows (slots), P the positions a pass attends to (`span`).
 
-The cache is [L, R, K, S, H] for k and for v, plus a bool [R, S] mask of filled positions. Row b
-of a pass writes its T new tokens at positions `index_B[b] ...` and attends to positions
-[0, span) of its row (causally, and only where the mask is set), so rows of very different
-lengths and offsets share one pass.
+The cache is one [R, K, S, H] buffer per layer for k and for v (a tuple of L), plus a bool
+[R, S] mask of filled positions. Row b of a pass writes its T new tokens at positions
+`index_B[b] ...` and attends to positions [0, span) of its row (causally, and only where the
+mask is set), so rows of very different lengths and offsets share one pass.
 
-Why this shape of loop: the whole cache is the layer scan's carry, and each layer scatters its
-new k/v into it at (layer, slot, position). A carried buffer that the caller donates is updated
-where it lies, so a decode step writes R x K x H values per layer and reads only the attended
-positions: no copy of the cache or of a layer's slice (the alternative, scanning the cache as
-per-layer inputs and outputs, makes XLA build a new stacked cache every call). Tests check this
-from the HLO compiled for an H200. The kv-head axis comes before the positions because the
-attention matmuls batch over it: XLA:GPU wants batch axes outermost, and with [.., S, K, H] it
-lays the carried cache out K-major by transposing the whole cache into and out of the loop.
+Why a buffer per layer and a Python loop over the layers (not `lax.scan`): a scanned layer
+reads its slice of a stacked [L, ...] cache through a dynamic index, and XLA:GPU does not hand
+that slice to the attention matmuls as an address: it copies the layer's whole K and V out of
+the carried cache every step (43% of the HBM bytes of an 8B decode step, from the HLO compiled
+for an H200 by bench/gpu_compile.py), and likewise the stacked weights' slices. With a buffer
+per layer, each layer scatters its new k/v into its own donated buffer in place and the
+attention matmuls read the first `span` positions of it directly; a layer's weights are read
+where they lie when the params are unstacked (`unstack_layers`, the sampler's copy). The
+cost is a compile of L blocks instead of one. The kv-head axis comes before the positions
+because the attention matmuls batch over it and XLA:GPU wants batch axes outermost.
 """
 
 from __future__ import annotations
@@ -29,16 +31,34 @@ from orchestrax.models.configs import ModelConfig
 
 
 class SlotCache(NamedTuple):
-    k: jax.Array        # [L, R, K, S, H] compute dtype
-    v: jax.Array
-    mask_RS: jax.Array  # bool: the position holds a real token of the row
+    k: tuple[jax.Array, ...]   # L x [R, K, S, H] compute dtype
+    v: tuple[jax.Array, ...]
+    mask_RS: jax.Array         # bool: the position holds a real token of the row
 
 
 def init_slots(cfg: ModelConfig, slots: int, max_len: int) -> SlotCache:
-    shape = (cfg.num_layers, slots, cfg.num_kv_heads, max_len, cfg.head_dim)
+    shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
     dt = jnp.dtype(cfg.dtype)
-    return SlotCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt),
-                     jnp.zeros((slots, max_len), jnp.bool_))
+    # A fresh buffer per layer: each is donated on its own.
+    layers = lambda: tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))  # noqa: E731
+    return SlotCache(layers(), layers(), jnp.zeros((slots, max_len), jnp.bool_))
+
+
+def unstack_layers(params: model.Params) -> model.Params:
+    """`params` with "layers" as a tuple of L per-layer dicts instead of stacked [L, ...]
+    arrays: the layout a sampler keeps its own copy in (`rollout.embedded.sampler_copy`), so
+    `forward_slots` reads each layer's weights as they lie. Same bytes; jit it with the copy
+    that makes it, or the stacked arrays and their slices are both alive for a moment."""
+    layers = params["layers"]
+    n = jax.tree.leaves(layers)[0].shape[0]
+    return {**params, "layers": tuple(jax.tree.map(lambda a: a[i], layers) for i in range(n))}
+
+
+def layer_params(params: model.Params, i: int) -> model.Params:
+    """Layer `i`'s weights: the i-th entry of unstacked params, or a static slice of stacked
+    ones (which XLA:GPU copies out for some matmuls: q/k/v, which it merges into one, and o)."""
+    layers = params["layers"]
+    return layers[i] if isinstance(layers, tuple) else jax.tree.map(lambda a: a[i], layers)
 
 
 def forward_slots(cfg: ModelConfig, params: model.Params, ids_BT: jax.Array, valid_BT: jax.Array,
@@ -66,23 +86,17 @@ def forward_slots(cfg: ModelConfig, params: model.Params, ids_BT: jax.Array, val
     write_BT = index_B[:, None] + jnp.arange(t)[None]
     rows_B1 = jnp.arange(b)[:, None]
 
-    def body(carry, xs):
-        x, k_c, v_c = carry
-        lp, layer = xs
-
-        def write_then_read(k_BTKH, v_BTKH):
-            kc = k_c.at[layer, rows_B1, :, write_BT].set(k_BTKH.astype(k_c.dtype))
-            vc = v_c.at[layer, rows_B1, :, write_BT].set(v_BTKH.astype(v_c.dtype))
-            read = lambda c: jnp.swapaxes(  # noqa: E731  [B, K, P, H] -> [B, P, K, H]
-                jax.lax.dynamic_index_in_dim(c, layer, 0, keepdims=False)[:, :, :span], 1, 2)
+    x = model._embed(cfg, params, ids_BT)
+    ks, vs = list(cache.k), list(cache.v)
+    for i in range(cfg.num_layers):
+        def write_then_read(k_BTKH, v_BTKH, i=i):
+            kc = ks[i].at[rows_B1, :, write_BT].set(k_BTKH.astype(ks[i].dtype))
+            vc = vs[i].at[rows_B1, :, write_BT].set(v_BTKH.astype(vs[i].dtype))
+            read = lambda c: jnp.swapaxes(c[:, :, :span], 1, 2)  # noqa: E731  -> [B, P, K, H]
             return read(kc), read(vc), index_B, (kc, vc)
 
-        with jax.named_scope("block"):
-            x, (k_c, v_c) = model._block(cfg, x, lp, positions_BT, mask_BP, write_then_read)
-        return (x, k_c, v_c), None
-
-    x_BTD = model._embed(cfg, params, ids_BT)
-    layers = jnp.arange(cfg.num_layers)
-    (x, k, v), _ = jax.lax.scan(body, (x_BTD, cache.k, cache.v), (params["layers"], layers))
+        with jax.named_scope(f"block{i}"):
+            x, (ks[i], vs[i]) = model._block(cfg, x, layer_params(params, i), positions_BT,
+                                             mask_BP, write_then_read)
     h = model.rms_norm(x[:, -1:], params["final_norm"], cfg.rms_norm_eps)
-    return model.lm_logits(cfg, params, h)[:, 0], SlotCache(k, v, mask_RS)
+    return model.lm_logits(cfg, params, h)[:, 0], SlotCache(tuple(ks), tuple(vs), mask_RS)

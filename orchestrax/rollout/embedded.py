@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any, AsyncIterator, Callable, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
@@ -444,15 +445,25 @@ class ContinuousSampler(Sampler):
 def sampler_copy(cfg: models.ModelConfig, params: Any) -> Any:
     """The sampler's own copy of a trainer's `params`, in the forward's dtypes
     (`models.compute_copy`: the same tokens and logprobs as the fp32 masters, half their memory
-    under bf16 compute). Multi-process: training params span every process's devices and a
-    sampler runs on its own process alone, so they are gathered (a collective: every process
-    calls this at the same point) onto this process's devices."""
-    params = models.compute_copy(cfg, params)
+    under bf16 compute), its layers unstacked (`models.unstack_layers`: a decode step then
+    copies no layer's weights out of a stacked array). Multi-process: training params span
+    every process's devices and a sampler runs on its own process alone, so they are gathered
+    (a collective: every process calls this at the same point) onto this process's devices."""
     if jax.process_count() == 1:
-        return params
+        return _unstacked_copy(cfg, params)
     from jax.experimental import multihost_utils
-    host = multihost_utils.process_allgather(params, tiled=True)
-    return jax.device_put(host, models.param_shardings(cfg, sampler_mesh(params)))
+    host = multihost_utils.process_allgather(models.compute_copy(cfg, params), tiled=True)
+    shardings = models.param_shardings(cfg, sampler_mesh(params))
+    layer = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*s.spec[1:])),
+                         shardings["layers"])
+    # Unstacked on the host (numpy views), so the devices never hold both layouts.
+    return jax.device_put(models.unstack_layers(host),
+                          {**shardings, "layers": (layer,) * cfg.num_layers})
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _unstacked_copy(cfg: models.ModelConfig, params: Any) -> Any:
+    return models.unstack_layers(models.compute_copy(cfg, params))
 
 
 def sampler_mesh(params: Any) -> Mesh | None:

@@ -3,8 +3,9 @@
 Letters: R slots (rows of the running batch), S cache positions per slot, C prefill chunk,
 N decode steps per dispatch, K top logprobs, V vocabulary, L layers, H head dim.
 
-The engine owns `max_batch` slots. Each slot is one row of a KV cache [L, R, K, S, H] with its
-own write index and valid mask, so rows of very different lengths share one decode step:
+The engine owns `max_batch` slots. Each slot is one row of a KV cache (an [R, K, S, H] buffer
+per layer, models/slots.py) with its own write index and valid mask, so rows of very different
+lengths share one decode step:
 - a queued request takes a free slot between decode steps; its prompt is prefilled into that
   slot in chunks of at most `prefill_chunk` tokens, one chunk per engine step, so a long prompt
   does not stall the rows that are decoding;
@@ -17,12 +18,11 @@ row's filled positions. Its cost is memory: every slot reserves `max_len` positi
 blocks would share that memory between short and long rows; left for when memory, not
 bandwidth, is what limits the slot count.
 
-The model is reused unchanged: one row's `models.forward_with_cache` (batch 1, scalar index)
-is vmapped over the slot axis, so each row writes at its own index and positions continue from
-its own count of real tokens. Exactly two jitted functions run: `_prefill_chunk` (one compile
-per chunk-size bucket) and `_decode` (one compile per S bucket: it reads and writes only the
-first `span` positions of every slot, the smallest power-of-two bucket that holds the longest
-occupied row), asserted by tests with `chex.assert_max_traces`; each twice at most, with and
+The model's blocks run under `models.forward_slots`: each row writes at its own index and
+positions continue from its own count of real tokens. Exactly two jitted functions run:
+`_prefill_chunk` (one compile per chunk-size bucket) and `_decode` (one compile per S bucket:
+it reads and writes only the first `span` positions of every slot, the smallest power-of-two
+bucket that holds the longest occupied row), asserted by tests with `chex.assert_max_traces`; each twice at most, with and
 without the top-k/top-p sort, as the host knows from the rows it dispatches (`filtering`).
 
 On several devices the state lives on the params' mesh (`state_shardings`): the cache's kv
@@ -61,8 +61,8 @@ MAX_STOP_IDS = 64   # stop ids per request (the server's ServeLimits.max_stop)
 
 class SlotState(NamedTuple):
     """Everything on the device, one row per slot; donated to each jitted step."""
-    k: jax.Array               # [L, R, K, S, H] compute dtype (models.SlotCache)
-    v: jax.Array
+    k: tuple[jax.Array, ...]   # L x [R, K, S, H] compute dtype (models.SlotCache)
+    v: tuple[jax.Array, ...]
     mask_RS: jax.Array         # bool: position holds a real token of the row
     index_R: jax.Array         # int32: next position to write
     token_R: jax.Array         # int32: last sampled token, recorded, not yet fed to the model
@@ -97,13 +97,11 @@ def init_state(cfg: models.ModelConfig, slots: int, max_len: int,
         shardings = state_shardings(cfg, slots, max_len, mesh)
         return jax.jit(init_state, static_argnums=(0, 1, 2), out_shardings=shardings)(
             cfg, slots, max_len)
-    shape = (cfg.num_layers, slots, cfg.num_kv_heads, max_len, cfg.head_dim)
-    dt = jnp.dtype(cfg.dtype)
+    cache = models.init_slots(cfg, slots, max_len)
     # Fresh buffers per field: the state is donated, and a buffer may be donated only once.
     zi = lambda: jnp.zeros((slots,), jnp.int32)
     zf = lambda: jnp.zeros((slots,), jnp.float32)
-    return SlotState(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
-                     mask_RS=jnp.zeros((slots, max_len), jnp.bool_), index_R=zi(), token_R=zi(),
+    return SlotState(k=cache.k, v=cache.v, mask_RS=cache.mask_RS, index_R=zi(), token_R=zi(),
                      length_R=zi(), live_R=jnp.zeros((slots,), jnp.bool_),
                      counts_RV=jnp.zeros((slots, cfg.vocab_size), jnp.int32),
                      temperature_R=zf(), top_k_R=zi(), top_p_R=jnp.ones((slots,), jnp.float32),
@@ -112,9 +110,9 @@ def init_state(cfg: models.ModelConfig, slots: int, max_len: int,
                      frequency_R=zf())
 
 
-def state_logical_axes() -> SlotState:
+def state_logical_axes(cfg: models.ModelConfig) -> SlotState:
     """Logical axis names of each SlotState field (parallel/rules.py maps them)."""
-    kv = ("layers", "cache_slots", "cache_kv_heads", "seq", "head_dim")
+    kv = (("cache_slots", "cache_kv_heads", "seq", "head_dim"),) * cfg.num_layers
     row = ("cache_slots",)
     return SlotState(k=kv, v=kv, mask_RS=("cache_slots", "seq"), index_R=row, token_R=row,
                      length_R=row, live_R=row, counts_RV=("cache_slots", None),
@@ -129,7 +127,7 @@ def state_shardings(cfg: models.ModelConfig, slots: int, max_len: int,
     shapes = jax.eval_shape(lambda: init_state(cfg, slots, max_len))
     return jax.tree.map(
         lambda x, names: NamedSharding(mesh, parallel.fitted_spec(names, x.shape, mesh)),
-        shapes, state_logical_axes(), is_leaf=lambda t: isinstance(t, tuple) and all(
+        shapes, state_logical_axes(cfg), is_leaf=lambda t: isinstance(t, tuple) and all(
             isinstance(e, (str, type(None))) for e in t))
 
 
@@ -228,13 +226,15 @@ def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot
     s = s._replace(mask_RS=s.mask_RS.at[slot].set(s.mask_RS[slot] & (pos_S < keep)))
     # The row's first `span` positions are filled on their own and written back in place (the
     # other rows' caches are not the pass's business).
-    row = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=1)[:, :, :, :span]  # noqa: E731
+    row = lambda xs: tuple(  # noqa: E731
+        jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)[:, :, :span] for x in xs)
+    put_row = lambda xs, rows: tuple(  # noqa: E731
+        jax.lax.dynamic_update_slice(x, r, (slot, 0, 0, 0)) for x, r in zip(xs, rows))
     one = models.SlotCache(row(s.k), row(s.v),
                            jax.lax.dynamic_slice_in_dim(s.mask_RS, slot, 1)[:, :span])
     logits_1V, c = models.forward_slots(cfg, params, ids_C[None], valid_C[None], one,
                                         index[None], span=span)
-    c = models.SlotCache(jax.lax.dynamic_update_slice(s.k, c.k, (0, slot, 0, 0, 0)),
-                         jax.lax.dynamic_update_slice(s.v, c.v, (0, slot, 0, 0, 0)),
+    c = models.SlotCache(put_row(s.k, c.k), put_row(s.v, c.v),
                          jax.lax.dynamic_update_slice(s.mask_RS, c.mask_RS, (slot, 0)))
     put = lambda full, row: jnp.where(first, full.at[slot].set(row[0]), full)
     s = s._replace(**{f: put(getattr(s, f), getattr(settings, f)) for f in (
@@ -259,9 +259,10 @@ def _copy_prefix_impl(s: SlotState, src: jax.Array, dst: jax.Array, n: jax.Array
                       span: int) -> SlotState:
     """Slot `dst` takes slot `src`'s first `n` positions (n <= span): k, v and mask; its next
     write goes to position n. The copy reads and writes `span` positions of one row."""
-    row = lambda x: jax.lax.dynamic_index_in_dim(x, src, axis=1, keepdims=False)[:, :, :span]
-    k = jax.lax.dynamic_update_slice(s.k, row(s.k)[:, None], (0, dst, 0, 0, 0))
-    v = jax.lax.dynamic_update_slice(s.v, row(s.v)[:, None], (0, dst, 0, 0, 0))
+    copy = lambda xs: tuple(jax.lax.dynamic_update_slice(  # noqa: E731
+        x, jax.lax.dynamic_slice_in_dim(x, src, 1, axis=0)[:, :, :span], (dst, 0, 0, 0))
+        for x in xs)
+    k, v = copy(s.k), copy(s.v)
     mask = s.mask_RS[src] & (jnp.arange(s.mask_RS.shape[1]) < n)
     return s._replace(k=k, v=v, mask_RS=s.mask_RS.at[dst].set(mask),
                       index_R=s.index_R.at[dst].set(n))

@@ -139,6 +139,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 # --- weights and admin ----------------------------------------------------------------------------
 def _same_shapes(a: Any, b: Any) -> bool:
+    if isinstance(b["layers"], tuple) and not isinstance(a["layers"], tuple):
+        a = jax.eval_shape(models.unstack_layers, a)   # a trainer's push left them unstacked
     sa = jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), a)
     sb = jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), b)
     return jax.tree.structure(a) == jax.tree.structure(b) and sa == sb
