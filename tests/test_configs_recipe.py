@@ -234,3 +234,36 @@ def test_the_context_check_measures_the_longest_prompt_the_run_can_build(monkeyp
     assert longest_prompt(cfg.replace(instances=uncapped), env, codec, [task], "train")[0] > whole
     with pytest.raises(ValueError, match=r"cannot hold the prompt of train task"):
         check_context(cfg.replace(rollout=fits, instances=uncapped), env, codec, [task])
+
+
+def test_the_shipped_embedded_samplers_split_their_cache_all_the_way():
+    """The embedded sampler's cache splits its kv heads over its mesh's axes where they divide
+    them, and stays whole where not (`engine.cache_split_shortfall` says so when built). Each
+    shipped config with an embedded sampler, on the devices its sampler's mesh holds
+    (`embedded.sampler_mesh`: the params' mesh in one process, a process's own devices with
+    several), splits them all the way; the CPU demo does not on more than 2 devices."""
+    import jax
+
+    from orchestrax import models, parallel
+    from orchestrax.rollout.engine import cache_split_shortfall
+
+    qwen3_8b = models.preset("qwen3-8b", dtype="bfloat16")   # 8 kv heads
+    devices = jax.devices()
+    for spec, mesh in (
+            ("qwen3_8b_gpu.py:config_embedded", lambda c: parallel.make_mesh(c.mesh, devices[:8])),
+            ("toolorchestra.py:config_one_h200", lambda c: parallel.make_mesh(c.mesh, devices[:1])),
+            # a v5p host's 4 chips, one process each
+            ("toolorchestra.py:config_tpu", lambda c: parallel.make_mesh(parallel.MeshConfig(),
+                                                                          devices[:4]))):
+        c = _load(spec)
+        assert c.rollout.backend == "embedded", spec
+        assert cache_split_shortfall(qwen3_8b, c.rollout.sampler_max_batch,
+                                     c.rollout.context_tokens, mesh(c)) is None, spec
+    for name in ("config", "config_multinode"):
+        assert _load(f"toolorchestra.py:{name}").rollout.backend == "sglang", name
+    # The CPU demo's tiny model has 2 kv heads: on more than 2 devices (the tests' 8) its cache
+    # stays whole, a few MiB, and the sampler says so.
+    demo = load_config(str(CONFIGS / "demo.py:config"))
+    line = cache_split_shortfall(demo.model, demo.rollout.sampler_max_batch,
+                                 demo.rollout.context_tokens, parallel.make_mesh(demo.mesh, devices))
+    assert "stay whole on every device: 32.0 MiB a device instead of 4.0 MiB" in line, line

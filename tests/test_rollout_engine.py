@@ -422,6 +422,33 @@ def test_slot_cache_splits_its_kv_heads_over_the_params_mesh_with_the_same_sampl
         assert sizes and max(sizes) < layer_slot / 8, sizes
 
 
+def test_kv_heads_the_mesh_does_not_divide_are_said_in_one_line(caplog):
+    from orchestrax.rollout.embedded import ContinuousSampler
+    # Two kv heads over an 8-device fsdp axis: the cache stays whole on every device.
+    cfg = CFG.replace(num_heads=4, num_kv_heads=2)
+    mesh = parallel.make_mesh(parallel.MeshConfig())
+    kv = 2 * cfg.num_layers * 4 * 2 * 160 * cfg.head_dim * 4      # K and V of 4 x 160, fp32
+    line = engine_mod.cache_split_shortfall(cfg, 4, 160, mesh)
+    assert line == (f"slot cache: 2 kv heads do not divide over mesh axes {{'fsdp': 8}}, so its "
+                    f"K and V stay whole on every device: {kv / 2**20:.1f} MiB a device instead "
+                    f"of {kv / 8 / 2**20:.1f} MiB (max_batch=4 x max_len=160); tensor=2 x "
+                    f"fsdp=4 would split them 2 ways")
+    whole = engine_mod.state_bytes_per_device(cfg, 4, 160)
+    assert engine_mod.state_bytes_per_device(cfg, 4, 160, mesh) == whole
+    # Over tensor 2 x fsdp 4 they split over tensor alone.
+    two = parallel.make_mesh(parallel.MeshConfig(axes=(("data", 1), ("fsdp", -1), ("tensor", 2))))
+    assert "split 2 ways, not 8: " in engine_mod.cache_split_shortfall(cfg, 4, 160, two)
+    assert engine_mod.state_bytes_per_device(cfg, 4, 160, two) == whole - kv // 2
+    eight = cfg.replace(num_heads=8, num_kv_heads=8)
+    assert engine_mod.cache_split_shortfall(eight, 4, 160, mesh) is None
+    assert engine_mod.cache_split_shortfall(cfg, 4, 160, None) is None
+    # The embedded sampler says it where it is built, on its params' mesh.
+    with caplog.at_level("WARNING", logger="orchestrax.rollout.embedded"):
+        ContinuousSampler(cfg, models.shard_params(cfg, models.init_params(cfg, 0), mesh),
+                          max_batch=4, max_len=160)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [line]
+
+
 # --- sampling without a host read -----------------------------------------------------------------
 def _before(logits_BV, *, temperature_B, top_k_B, top_p_B, seeds_B, step):
     """The draw as it was made before `filtering`: every row filtered when any asks (a

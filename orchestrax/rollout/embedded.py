@@ -30,8 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from orchestrax import models, parallel
 from orchestrax.rollout.sampler import (MAX_TOP_LOGPROBS, GenerateRequest, GenerateResult, Sampler,
                                      SamplingParams, TopLogprobs)
-from orchestrax.rollout.engine import (ContinuousEngine, check_state_fits, device_memory_limit,
-                                       needs_filtering, params_mesh)
+from orchestrax.rollout.engine import (ContinuousEngine, cache_split_shortfall, check_state_fits,
+                                       device_memory_limit, needs_filtering, params_mesh)
 from orchestrax.rollout.fair import FairQueue, StepShare
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,9 @@ class ContinuousSampler(Sampler):
         check_state_fits(cfg, max_batch, max_len, mesh,
                          self._params if jax.process_count() == 1 else None,
                          device_memory_limit(mesh))
+        shortfall = cache_split_shortfall(cfg, max_batch, max_len, mesh)
+        if shortfall:
+            log.warning(shortfall)
         self.engine = ContinuousEngine(
             cfg, None, max_batch=max_batch, max_len=max_len,
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,

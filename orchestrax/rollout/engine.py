@@ -164,6 +164,33 @@ def check_state_fits(cfg: models.ModelConfig, slots: int, max_len: int, mesh: Me
             "serve: --max-batch or --max-len)")
 
 
+def cache_split_shortfall(cfg: models.ModelConfig, slots: int, max_len: int,
+                          mesh: Mesh | None) -> str | None:
+    """One line saying so when the cache's kv heads split over fewer devices than the mesh
+    axes that split the params (`fitted_spec` keeps them whole over axes that do not divide
+    them: 8 kv heads on a 16-device axis), else None."""
+    if mesh is None:
+        return None
+
+    def axes(spec):
+        return () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
+    wanted = axes(parallel.logical_to_spec(("cache_kv_heads",), mesh=mesh))
+    got = axes(parallel.fitted_spec(("cache_kv_heads",), (cfg.num_kv_heads,), mesh))
+    ways, split = (math.prod(mesh.shape[a] for a in x) for x in (wanted, got))
+    if split == ways:
+        return None
+    kv = (2 * cfg.num_layers * slots * cfg.num_kv_heads * max_len * cfg.head_dim
+          * jnp.dtype(cfg.dtype).itemsize)
+    size = lambda b: f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
+    g = math.gcd(cfg.num_kv_heads, ways)
+    return (f"slot cache: {cfg.num_kv_heads} kv heads do not divide over mesh axes "
+            f"{dict((a, mesh.shape[a]) for a in wanted)}, so its K and V "
+            + ("stay whole on every device" if split == 1 else f"split {split} ways, not {ways}")
+            + f": {size(kv / split)} a device instead of {size(kv / ways)} (max_batch={slots} x "
+            f"max_len={max_len})" + (f"; tensor={g} x fsdp={ways // g} would split them {g} ways"
+                                     if g > split else ""))
+
+
 def _shard_shape(a: Any) -> tuple[int, ...]:
     sharding = getattr(a, "sharding", None)
     return sharding.shard_shape(a.shape) if sharding is not None else a.shape
