@@ -32,8 +32,10 @@ def test_gpu_compile_smoke(tmp_path):
     # chunked path asks the host nothing per block).
     assert ref.split("|")[13].strip() == "1", ref
     # One H200 runs the continuous engine: its decode step writes the donated slot cache in
-    # place, no copy or transpose of a layer's cache or more in the HLO XLA made for it (the
-    # engine before it had 5).
+    # place and copies none of it, nor any weights, in the HLO XLA made for it (a kernel that
+    # only copies, transposes or slices a held buffer: hbm_traffic.copies). With the cache
+    # stacked [L, ...] as a layer scan's carry this column was 2: each layer's K and V copied
+    # out of the cache every step.
     assert "config_one_h200/decode@1xh200" in decode_one, decode_one
     assert decode_one.split("|")[2].strip().startswith("continuous: 8 slots"), decode_one
     assert decode_one.split("|")[10].strip() == "0 (0.00 GiB)", decode_one
@@ -49,5 +51,5 @@ def test_gpu_compile_smoke(tmp_path):
     assert "continuous: 8 slots x 256, 1 step" in decode, decode
     # bench/gpu.py's sampler section at 256 requests, as its own code builds the engine.
     assert "sampler:256/bench@1xh200" in bench and "continuous: 256 slots" in bench, bench
-    assert bench.split("|")[10].strip() == "0 (0.00 GiB)", bench
+    assert bench.split("|")[10].strip() == "0 (0.00 GiB)", bench   # 8 steps: nor in their loop
 
