@@ -313,10 +313,13 @@ class Trainer:
             self.sampler.drop_params()   # its copy is remade right after
             self.state, metrics = self.update.step(self.state, batch)
             self._stop_if_broken(metrics)
+            metrics = step_metrics(metrics)   # waits for the update
+            t_update = time.perf_counter() - t0 - t_roll
             self.step += 1
             await self._publish_weights()
-            row = {"phase": "rl", "step": self.step, **stats, **step_metrics(metrics),
-                   "time/rollout_s": t_roll, "time/step_s": time.perf_counter() - t0}
+            row = {"phase": "rl", "step": self.step, **stats, **metrics,
+                   "time/rollout_s": t_roll, "time/update_s": t_update,
+                   "time/step_s": time.perf_counter() - t0}
             history.append(self._log(row))
             bar.update()
             bar.set_postfix(postfix(row, ("rollout/reward_mean", "rollout/accuracy",

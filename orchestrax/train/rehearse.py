@@ -304,7 +304,7 @@ def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, f
     rl = [r for r in _rows(metrics) if r["phase"] == "rl"]
     info["train_seconds"] = timeline.seconds | {
         f"rl {r['step']} {part}": round(r[f"time/{part}_s"], 1)
-        for r in rl for part in ("rollout", "step") if f"time/{part}_s" in r}
+        for r in rl for part in ("rollout", "update", "step") if f"time/{part}_s" in r}
     return info
 
 
