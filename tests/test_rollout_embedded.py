@@ -196,7 +196,10 @@ def test_decode_chunk_size_does_not_change_tokens():
     big = run(_generate(reqs))
     small = run(_generate(reqs, decode_steps=3))
     assert [r.output_ids for r in small] == [r.output_ids for r in big]
-    np.testing.assert_allclose([r.logprobs for r in small], [r.logprobs for r in big], atol=1e-6)
+    # The two dispatch sizes are two programs (over other span buckets too), which XLA:CPU
+    # fuses differently since the layers are unrolled: float32 ulps apart (2.4e-6 seen; 1e-6
+    # held under the layer scan), within the 1e-5 the engine keeps to a full forward's.
+    np.testing.assert_allclose([r.logprobs for r in small], [r.logprobs for r in big], atol=1e-5)
 
 
 def test_top_logprobs_are_the_top_of_the_full_softmax():
