@@ -233,7 +233,8 @@ def test_serve_and_export_read_a_run_as_eval_does(tmp_path, caplog):
     run, cfg = _run_dir(tmp_path, (2, 3))
     _zero_chunks(run / "checkpoints" / "3" / "state", b"params.embed/")
     state = build_state(ServeConfig(model=str(run), max_len=64, max_batch=2))
-    chex.assert_trees_all_equal(state.sampler.params, models.init_params(cfg, 2))
+    chex.assert_trees_all_equal(state.sampler.params,
+                                models.unstack_layers(models.init_params(cfg, 2)))
     asyncio.run(state.sampler.aclose())
     root = pathlib.Path(__file__).resolve().parents[1]
     export = runpy.run_path(str(root / "tools" / "export_hf.py"))["export"]

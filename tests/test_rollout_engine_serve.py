@@ -277,9 +277,13 @@ def test_serve_param_dtype_casts_once_and_float32_keeps_greedy_outputs(tmp_path)
     bf16 = serve_mod.build_state(serve_args("--model", str(tmp_path), "--param-dtype",
                                             "bfloat16"))
     assert isinstance(bf16.sampler, ContinuousSampler)
+    # Served with its layers unstacked, as the embedded sampler's own copy (no weight slice
+    # copied out of a stacked array per decode step); a weight update loads the same way.
+    assert isinstance(bf16.sampler.params["layers"], tuple)
+    assert isinstance(bf16.load_weights(str(tmp_path))[1]["layers"], tuple)
     leaves = jax.tree.leaves(bf16.sampler.params)
     assert {str(x.dtype) for x in leaves} == {"bfloat16"}
-    ref = jax.tree.leaves(params(0))
+    ref = jax.tree.leaves(models.unstack_layers(params(0)))
     assert all(np.array_equal(np.asarray(a), np.asarray(b.astype("bfloat16")))
                for a, b in zip(leaves, ref))
     # On CPU "auto" is float32: the tiny server serves exactly init_params, and its greedy
@@ -287,7 +291,8 @@ def test_serve_param_dtype_casts_once_and_float32_keeps_greedy_outputs(tmp_path)
     tiny = serve_mod.build_state(serve_args("--tiny", "--seed", "3"))
     direct = models.init_params(models.tiny_config(vocab_size=len(TOK)), seed=3)
     assert all(a.dtype == np.float32 and np.array_equal(a, b) for a, b in
-               zip(jax.tree.leaves(tiny.sampler.params), jax.tree.leaves(direct)))
+               zip(jax.tree.leaves(tiny.sampler.params),
+                   jax.tree.leaves(models.unstack_layers(direct))))
     req = GenerateRequest(input_ids=tuple(prompt(7, 6)),
                           sampling=SamplingParams(temperature=0, max_new_tokens=6))
 

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import signal
+from typing import Any
 
 import jax
 
@@ -123,6 +124,7 @@ def build_state(args: ServeConfig) -> ServerState:
         tok_path = args.tokenizer or str(model.tokenizer_dir)
         tokenizer = registry.build_tokenizer(tok_path)
         model_path, template = args.model, None
+    params = _unstacked(params)
     sampler = registry.build_sampler(SamplerConfig(
         backend="embedded", max_batch=args.max_batch, max_len=args.max_len,
         weight_version=args.weight_version, seed=args.seed,
@@ -132,8 +134,18 @@ def build_state(args: ServeConfig) -> ServerState:
                        tokenizer_path=tok_path, chat_template=template,
                        served_model_name=args.served_model_name, limits=args.limits,
                        api_key=args.api_key, weight_roots=tuple(args.weight_root),
-                       load_weights=lambda path: models.load_hf(path, dtype=args.dtype,
-                                                                param_dtype=pdt))
+                       load_weights=lambda path: _loaded(path, args.dtype, pdt))
+
+
+# Served weights keep their layers unstacked, as the embedded sampler's copy does
+# (`models.unstack_layers`): a decode step then reads each layer's weights where they lie
+# instead of copying them out of stacked arrays. Both layouts are briefly alive at a load.
+_unstacked = jax.jit(models.unstack_layers)
+
+
+def _loaded(path: str, dtype: str, pdt: str) -> tuple[models.ModelConfig, Any]:
+    cfg, params = models.load_hf(path, dtype=dtype, param_dtype=pdt)
+    return cfg, _unstacked(params)
 
 
 async def _run(args: ServeConfig) -> None:
