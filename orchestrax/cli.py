@@ -116,7 +116,7 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _rehearse_parser(sub: argparse._SubParsersAction) -> None:
-    from orchestrax.train.rehearse import add_arguments
+    from orchestrax.rehearsal.rehearse import add_arguments
     add_arguments(sub.add_parser("rehearse", help="the whole recipe in miniature on this "
                                  "machine: servers, 2 JAX trainer processes, export, eval"))
 
@@ -196,7 +196,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from orchestrax.train.train_command import run
         return run(args.config, args.set)
     if args.command == "rehearse":
-        from orchestrax.train.rehearse import run as run_rehearsal
+        from orchestrax.rehearsal.rehearse import run as run_rehearsal
         return run_rehearsal(args)
     if args.command == "synth":
         from orchestrax.synth.synth_command import run as run_synth

@@ -31,7 +31,9 @@ ALLOWED = {
     "eval": {"agent", "data", "envs", "models", "parallel", "registry", "rl", "rollout", "tools",
              "train"},
     "synth": {"envs", "tools"},                  # not the trainer
-    "cli": {"eval", "registry", "rollout", "synth", "tools", "train"},
+    # runs the trainer's processes, then `orchestrax eval` of the export
+    "rehearsal": {"agent", "data", "eval", "models", "registry", "tools", "train"},
+    "cli": {"eval", "registry", "rehearsal", "rollout", "synth", "tools", "train"},
 }
 # The one validation module: every package may import it, and it imports none of them.
 FOUNDATION = "checks"

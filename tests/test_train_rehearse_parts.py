@@ -10,7 +10,7 @@ import pathlib
 import pytest
 from loopback import free_port, start_tiny_server
 
-from orchestrax.train import rehearse
+from orchestrax.rehearsal import rehearse
 from orchestrax.train.overrides import load_config
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "toolorchestra.py"

@@ -37,7 +37,7 @@ import urllib.request
 from typing import Any, Iterator, Sequence
 
 from orchestrax.tools.chat_client import ChatEndpoint
-from orchestrax.train.children import (Child, Fleet, free_port, get_json, post_json, url_port,
+from orchestrax.rehearsal.children import (Child, Fleet, free_port, get_json, post_json, url_port,
                                        wait_until)
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.overrides import apply_overrides, load_config
@@ -496,7 +496,7 @@ def _phase(seconds: dict[str, float], name: str):
 
 
 def _prepare_child(fleet: Fleet, what: str, spec: str, sets: Sequence[str]) -> None:
-    child = fleet.start(f"prepare-{what}", [sys.executable, "-m", "orchestrax.train.rehearse",
+    child = fleet.start(f"prepare-{what}", [sys.executable, "-m", "orchestrax.rehearsal.rehearse",
                                             what, spec, *sets], env=_python_env())
     if child.proc.wait() != 0:
         raise RuntimeError(f"preparing the rehearsal ({what}) failed:\n{child.tail()}")
