@@ -127,7 +127,7 @@ def test_a_partial_target_naming_an_unsaved_leaf_is_an_error(tmp_path):
 
 
 KILL_MID_SAVE = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, time
     import jax.numpy as jnp
     from orchestrax.train.checkpoint import Checkpointer
     ck = Checkpointer(sys.argv[1], every=1)
@@ -136,6 +136,14 @@ KILL_MID_SAVE = textwrap.dedent("""
     ck = Checkpointer(sys.argv[1], every=1)
     big = {"w": jnp.full((4096, 4096), 2.0), "v": jnp.full((4096, 4096), 3.0)}  # 128 MB
     ck.maybe_save(2, big, {"step": 2})
+    # The background writer may not have made step 2's temporary directory yet when
+    # maybe_save returns; kill once it has, so the kill lands mid-write.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        names = os.listdir(sys.argv[1])
+        if "2" in names or any("tmp" in n for n in names):
+            break
+        time.sleep(0.001)
     os.kill(os.getpid(), signal.SIGKILL)  # while step 2 is being written in the background
 """)
 
