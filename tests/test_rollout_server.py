@@ -191,6 +191,32 @@ def test_weight_sync_through_client_changes_version_and_tokens(tmp_path):
     assert all(status == 403 and "outside the weight roots" in msg for status, msg in refused)
 
 
+def test_weight_sync_rechecks_servers_marked_down_before_giving_up(tmp_path):
+    """A server marked down by a health check that timed out while the trainer's event loop was
+    blocked (a train step) still gets the weights: the sync checks it again instead of failing
+    the step. A server that is really gone still fails it, naming the weights."""
+    from orchestrax.rollout.sglang_client import WeightSyncError
+
+    async def fn(http, url, sampler):
+        sync = WeightSync(model=CFG, root=str(tmp_path))
+        quiet = SGLangClientConfig(urls=(url,), health_interval_s=3600.0)  # no check between
+        async with SGLangClient(quiet, weight_sync=sync) as client:
+            await client._recheck(client.servers[0])     # the start's check, done
+            client.servers[0].healthy = False
+            await client.publish(params(1), "step-1")
+            up = client.servers[0].healthy, client.servers[0].weight_version
+        dead = SGLangClientConfig(urls=("http://127.0.0.1:9",), health_timeout_s=1.0)
+        async with SGLangClient(dead, weight_sync=sync) as client:
+            try:
+                await client.publish(params(2), "step-2")
+            except WeightSyncError as e:
+                return up, str(e)
+        return up, None
+    up, error = run(fn, weight_roots=(str(tmp_path),))
+    assert up == (True, "step-1")
+    assert error is not None and "step-2" in error
+
+
 def test_client_logprobs_match_embedded_sampler():
     """The HTTP path returns exactly what the embedded sampler produced."""
     req = GenerateRequest(input_ids=tuple(PROMPT),

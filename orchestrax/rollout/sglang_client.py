@@ -344,5 +344,11 @@ class SGLangClient(Sampler):
         live = [s for s in self.servers if s.healthy]
         results = await asyncio.gather(*(self._sync_one(s, replay=False) for s in live))
         if not any(results):
-            raise WeightSyncError(f"no server accepted weights {model_path} "
-                                  f"(version {weight_version})")
+            # Each server is marked down (a failed request, or a health check whose timeout
+            # ran out while this process's event loop was blocked, e.g. by a train step) or
+            # refused: check every one again now; a check replays this sync to one that is up.
+            await asyncio.gather(*(self._recheck(s) for s in self.servers),
+                                 return_exceptions=True)
+            if not any(s.healthy and not self.behind(s) for s in self.servers):
+                raise WeightSyncError(f"no server accepted weights {model_path} "
+                                      f"(version {weight_version})")
