@@ -37,8 +37,8 @@ import urllib.request
 from typing import Any, Iterator, Sequence
 
 from orchestrax.tools.chat_client import ChatEndpoint
-from orchestrax.rehearsal.children import (Child, Fleet, free_port, get_json, post_json, url_port,
-                                       wait_until)
+from orchestrax.rehearsal.children import (Child, Fleet, free_port, get_json, post_json,
+                                           url_port, wait_until)
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.overrides import apply_overrides, load_config
 

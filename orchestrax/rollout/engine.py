@@ -22,8 +22,9 @@ The model's blocks run under `models.forward_slots`: each row writes at its own 
 positions continue from its own count of real tokens. Exactly two jitted functions run:
 `_prefill_chunk` (one compile per chunk-size bucket) and `_decode` (one compile per S bucket:
 it reads and writes only the first `span` positions of every slot, the smallest power-of-two
-bucket that holds the longest occupied row), asserted by tests with `chex.assert_max_traces`; each twice at most, with and
-without the top-k/top-p sort, as the host knows from the rows it dispatches (`filtering`).
+bucket that holds the longest occupied row), asserted by tests with `chex.assert_max_traces`;
+each twice at most, with and without the top-k/top-p sort, as the host knows from the rows
+it dispatches (`filtering`).
 
 On several devices the state lives on the params' mesh (`state_shardings`): the cache's kv
 heads split over the axes that split the params, slots and everything else whole. Each device
