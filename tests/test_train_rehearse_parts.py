@@ -137,3 +137,26 @@ def test_the_held_out_evals_prompts_are_checked_against_its_context(monkeypatch,
                                          rf"the prompt of eval task '.*', {longest} tokens before "
                                          rf"any reply; must be > {longest}$"):
         rehearse.check_eval_context(cfg, context_tokens=longest)
+
+
+def test_the_train_polls_timeline_parses_each_metrics_line_once(tmp_path, monkeypatch):
+    # The train poll reads metrics.jsonl every 0.5 s for the timeline and the kill check: one
+    # read, each line parsed once, a line still being written left for the next poll.
+    path = tmp_path / "metrics.jsonl"
+    parsed = []
+    loads = json.loads
+    monkeypatch.setattr(rehearse.json, "loads", lambda s: parsed.append(s) or loads(s))
+    timeline = rehearse._Timeline()
+    assert timeline.rows(path) == []
+    a, b = '{"phase": "sft", "step": 10}', '{"phase": "rl", "step": 1}'
+    path.write_text(a + "\n" + b[:9])
+    assert timeline.rows(path) == [{"phase": "sft", "step": 10}]
+    path.write_text(a + "\n" + b + "\n")
+    assert timeline.rows(path) == [{"phase": "sft", "step": 10}, {"phase": "rl", "step": 1}]
+    assert timeline.rows(path)[-1] == {"phase": "rl", "step": 1}
+    assert parsed == [a, b]
+    assert list(timeline.seconds) == ["sft 10 logged", "rl 1 logged"]
+    timeline.mark("killed and restarted")
+    path.write_text(a + "\n" + b.replace("}", ', "again": 1}') + "\n")
+    timeline.rows(path)
+    assert list(timeline.seconds)[-1] == "rl 1 logged again"

@@ -283,9 +283,9 @@ def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, f
         fleet.check(trainers, done_ok=True)
         if all(t.proc.poll() == 0 for t in trainers):
             break
-        timeline.rows(metrics)
+        rows = timeline.rows(metrics)
         if kill_after is not None and info["killed_after_step"] is None and any(
-                r["phase"] == "rl" and r["step"] >= kill_after for r in _rows(metrics)):
+                r["phase"] == "rl" and r["step"] >= kill_after for r in rows):
             os.killpg(trainers[-1].proc.pid, signal.SIGKILL)
             trainers[-1].proc.wait()
             fleet.stop(trainers)  # the others can only wait on the dead one's collectives
@@ -298,10 +298,10 @@ def train(cfg: TrainConfig, spec: str, sets: Sequence[str], out: pathlib.Path, f
         if time.monotonic() > deadline:
             raise TimeoutError("rehearsal: the trainer did not finish in time")
         time.sleep(0.5)
-    timeline.rows(metrics)
+    rows = timeline.rows(metrics)
     timeline.mark("trainers exited")
     fleet.stop(trainers)
-    rl = [r for r in _rows(metrics) if r["phase"] == "rl"]
+    rl = [r for r in rows if r["phase"] == "rl"]
     info["train_seconds"] = timeline.seconds | {
         f"rl {r['step']} {part}": round(r[f"time/{part}_s"], 1)
         for r in rl for part in ("rollout", "update", "step") if f"time/{part}_s" in r}
@@ -313,20 +313,24 @@ class _Timeline:
     every 10 steps; a row a resumed run writes anew is marked "again"), and named events."""
 
     def __init__(self):
-        self.start, self.seconds, self.lines, self.restarted = time.monotonic(), {}, set(), False
+        self.start, self.seconds, self.restarted = time.monotonic(), {}, False
+        self.parsed: dict[str, dict[str, Any]] = {}   # line -> its row, each parsed once
 
     def mark(self, event: str) -> None:
         self.seconds[event] = round(time.monotonic() - self.start, 1)
         self.restarted |= event.startswith("killed")
 
-    def rows(self, path: pathlib.Path) -> None:
+    def rows(self, path: pathlib.Path) -> list[dict[str, Any]]:
+        """The rows of `path`'s whole lines, marking those first seen; the train loop's one
+        read and parse of metrics.jsonl per poll."""
         lines = path.read_text().split("\n")[:-1] if path.exists() else []  # whole lines
+        lines = [line for line in lines if line.strip()]
         for line in lines:
-            if line.strip() and line not in self.lines:
-                self.lines.add(line)
-                r = json.loads(line)
+            if line not in self.parsed:
+                r = self.parsed[line] = json.loads(line)
                 self.mark(f"{r['phase']} {r['step']} logged" + (" again" if self.restarted
                                                                  else ""))
+        return [self.parsed[line] for line in lines]
 
 
 def evaluate(spec: str, out: pathlib.Path, export: pathlib.Path, servers: dict[str, Any],
