@@ -135,12 +135,17 @@ def state_shardings(cfg: models.ModelConfig, slots: int, max_len: int,
 def state_bytes_per_device(cfg: models.ModelConfig, slots: int, max_len: int,
                            mesh: Mesh | None = None) -> int:
     """Bytes of the slot state one device holds (the whole state without a mesh)."""
+    return sum(jax.tree.leaves(_field_bytes(cfg, slots, max_len, mesh)))
+
+
+def _field_bytes(cfg: models.ModelConfig, slots: int, max_len: int,
+                 mesh: Mesh | None) -> SlotState:
+    """Bytes of each SlotState leaf on one device (the whole leaf without a mesh)."""
     shapes = jax.eval_shape(lambda: init_state(cfg, slots, max_len))
     if mesh is None:
-        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
-    return sum(math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize
-               for x, sh in zip(jax.tree.leaves(shapes),
-                                jax.tree.leaves(state_shardings(cfg, slots, max_len, mesh))))
+        return jax.tree.map(lambda x: x.size * x.dtype.itemsize, shapes)
+    return jax.tree.map(lambda x, sh: math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize,
+                        shapes, state_shardings(cfg, slots, max_len, mesh))
 
 
 def check_state_fits(cfg: models.ModelConfig, slots: int, max_len: int, mesh: Mesh | None,
@@ -176,18 +181,19 @@ def cache_split_shortfall(cfg: models.ModelConfig, slots: int, max_len: int,
     def axes(spec):
         return () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
     wanted = axes(parallel.logical_to_spec(("cache_kv_heads",), mesh=mesh))
-    got = axes(parallel.fitted_spec(("cache_kv_heads",), (cfg.num_kv_heads,), mesh))
-    ways, split = (math.prod(mesh.shape[a] for a in x) for x in (wanted, got))
+    ways = math.prod(mesh.shape[a] for a in wanted)
+    # K and V of the whole cache, and of one device's share as `state_shardings` places it.
+    kv, mine = (sum(jax.tree.leaves((b.k, b.v))) for b in (
+        _field_bytes(cfg, slots, max_len, None), _field_bytes(cfg, slots, max_len, mesh)))
+    split = kv // mine
     if split == ways:
         return None
-    kv = (2 * cfg.num_layers * slots * cfg.num_kv_heads * max_len * cfg.head_dim
-          * jnp.dtype(cfg.dtype).itemsize)
     size = lambda b: f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
     g = math.gcd(cfg.num_kv_heads, ways)
     return (f"slot cache: {cfg.num_kv_heads} kv heads do not divide over mesh axes "
             f"{dict((a, mesh.shape[a]) for a in wanted)}, so its K and V "
             + ("stay whole on every device" if split == 1 else f"split {split} ways, not {ways}")
-            + f": {size(kv / split)} a device instead of {size(kv / ways)} (max_batch={slots} x "
+            + f": {size(mine)} a device instead of {size(kv / ways)} (max_batch={slots} x "
             f"max_len={max_len})" + (f"; tensor={g} x fsdp={ways // g} would split them {g} ways"
                                      if g > split else ""))
 
