@@ -1,5 +1,5 @@
-"""One-GPU benchmark of issue 9: Qwen3-8B GRPO step MFU, continuous-batching sampler tok/s,
-EpisodePool start time, compiled vs measured peak memory. Random weights, no hub.
+"""One-GPU benchmark: Qwen3-8B GRPO step MFU, continuous-batching sampler tok/s, EpisodePool
+start time, compiled vs measured peak memory. Random weights, no hub.
 
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python bench/gpu.py            # one GPU, <= 8 min
     python bench/gpu.py --smoke                                          # CPU, tiny presets
@@ -149,23 +149,29 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
     from orchestrax.rollout.sampler import GenerateRequest, SamplingParams
 
     cfg, prompt, new, chunk = sampler_setup(smoke, concurrency)
-    # Laid out as the embedded sampler keeps its copy (embedded.sampler_copy): layers unstacked.
-    params = jax.jit(lambda: models.unstack_layers(models.init_params(cfg)))()
+    # Laid out as the embedded sampler keeps its copy (embedded.sampler_copy): layers unstacked,
+    # on the host as its multi-process path does it, so the device never holds both layouts.
+    # Unstacked in the init's own jit, XLA:GPU fuses the random init into the slices: one
+    # kernel of ~50k PTX lines a weight, which ptxas had not compiled after 12 min here.
+    params = jax.device_put(models.unstack_layers(jax.device_get(
+        jax.jit(models.init_params, static_argnums=0)(cfg))))
     engine = eng_mod.ContinuousEngine(cfg, params, max_batch=concurrency, max_len=chunk + new,
                                       prefill_chunk=chunk, decode_steps=SAMPLER_DECODE_STEPS)
     rng = np.random.default_rng(0)
 
-    def requests(n_new):
+    def requests(n, n_new):
         return [GenerateRequest(input_ids=tuple(rng.integers(0, cfg.vocab_size, prompt).tolist()),
                                 sampling=SamplingParams(temperature=1.0, max_new_tokens=n_new,
                                                         sampling_seed=i))
-                for i in range(concurrency)]
+                for i in range(n)]
 
     t0 = time.perf_counter()
-    engine.generate(requests(2))                  # compiles: same slot count, chunk and steps
+    # Compiles: one request dispatches the programs of all (the engine's slot count, the
+    # prompt's chunk and span, the decode's steps and span), without all their prefills.
+    engine.generate(requests(1, 2))
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    results = engine.generate(requests(new))
+    results = engine.generate(requests(concurrency, new))
     wall = time.perf_counter() - t0
     out_tokens = sum(len(r.output_ids) for r in results)
     # Bandwidth floor: each decode step reads the weights once and every row's filled KV once.
@@ -209,25 +215,27 @@ SECTIONS = {**{name: functools.partial(section_train, model=m) for name, m in TR
 
 
 def plan(smoke: bool) -> list[tuple[str, int, int]]:
-    """(section, argument, timeout s); the timeouts add up to 450 s (<= 8 minutes with the
-    driver's own start). Sized from bench/gpu_compile.py's compiles of these sections for the
-    H200 (its `bench` rows, 133.4 GiB usable): the 8B step at 4 x 4k tokens with bf16 moments
-    97.4 GiB, the 4B one with fp32 Adam 64.9, the engine's decode 20.2 at 64 slots of 512 and
-    34.2 at 256, no KV copy in it. Each timeout is a section's cold compiles for the H200 as
-    measured on a loaded 2-core box (2026-12-05; a GPU host compiles faster but autotunes),
-    ~15 s of process start and weight init, and its run at a low 15% of MFU or of the
-    bandwidth floor: 8B train compiles 68 s (init 10, step 57) + 4 steps of 16k tokens ~28 s;
-    4B 23 s + ~14 s; the engine 21 s at 64 slots and 25 s at 256 (init 4-9, prefill chunk 10,
-    8-step decode 5-7) + 2 x 64 or 2 x 256 one-row prefills and 256 decode steps, ~10 or
-    ~16 s. Those sums (111, 52, 46 and 56 s) get 1.3-1.8x, the 8B step's the most room in
-    seconds (GPU autotuning, which a CPU compile skips). A rerun finds its compiles in the
+    """(section, argument, timeout s); the timeouts add up to 447 s (<= 8 minutes with the
+    driver's own start). Each is 1.3x or more a section's cold compiles for the H200, ~15 s of
+    process start, CUDA and weight init (the sampler's 16.4 GB host round trip included), and
+    its run at a low 15% of MFU or of the bandwidth floor. Compiles as measured on a loaded
+    2-core box (2026-12-05, load 8-12; a GPU host compiles faster but autotunes): each
+    section's programs compiled cold for the H200 target as bench/gpu_compile.py compiles, one
+    process a section, after the engine's layers were unrolled. 8B train 55 s (init 6, step
+    48) + 4 steps of 16k tokens at 5.4 s; 4B 28 s (step 21) + 4 x 3.1 s; the engine at 64
+    slots 61 s (init 8, prefill chunk 27, 8-step decode 25) + 64 one-row prefills and 256
+    decode steps, ~9 s; at 256 slots its init comes from the cache and its prefill and decode
+    compiled in 21 and 17 s, counted as 27 and 25 (54 s) + ~18 s. Sums 92, 55, 85 and 87 s.
+    Compiled memory (bench/gpu_compile.py's bench rows, 133.4 GiB usable): the 8B step at
+    4 x 4k tokens with bf16 moments 97.4 GiB, the 4B one with fp32 Adam 64.9, the engine's
+    decode 20.2 at 64 slots of 512 and 34.2 at 256. A rerun finds its compiles in the
     compilation cache."""
     if smoke:
         # Every section the GPU run has (tiny presets), so a typo cannot first show on a GPU.
         return [("train", 32, 240), ("train4b", 32, 240), ("sampler", 4, 240),
                 ("sampler", 8, 240), ("pool", 2, 120)]
-    return [("train", 4096, 150), ("train4b", 4096, 90), ("sampler", 64, 80),
-            ("sampler", 256, 100), ("pool", 16, 30)]
+    return [("train", 4096, 120), ("train4b", 4096, 72), ("sampler", 64, 111),
+            ("sampler", 256, 114), ("pool", 16, 30)]
 
 
 # --- driver ------------------------------------------------------------------------------------
