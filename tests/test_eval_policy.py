@@ -76,9 +76,14 @@ def test_a_run_dir_restores_its_newest_step(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="orchestrax"):
         policy = load_policy(str(run), max_len=64, max_batch=2)
     assert policy.sampler.weight_version == "3"
-    chex.assert_trees_all_equal(policy.sampler.params, models.init_params(cfg, 3))
+    chex.assert_trees_all_equal(policy.sampler.params, _as_sampled(cfg, 3))
     assert _our_warnings(caplog) == []
     asyncio.run(policy.aclose())
+
+
+def _as_sampled(cfg, seed: int):
+    """The run's params at `seed` as the sampler holds them: layers unstacked."""
+    return models.unstack_layers(models.init_params(cfg, seed))
 
 
 def _our_warnings(caplog) -> list[str]:
@@ -99,7 +104,7 @@ def test_a_truncated_newest_step_falls_back_to_the_previous_one(tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="orchestrax"):
         policy = load_policy(str(run), max_len=64, max_batch=2)
     assert policy.sampler.weight_version == "2"
-    chex.assert_trees_all_equal(policy.sampler.params, models.init_params(cfg, 2))
+    chex.assert_trees_all_equal(policy.sampler.params, _as_sampled(cfg, 2))
     (line,) = _our_warnings(caplog)
     assert line.startswith("checkpoint step 3 is corrupt (") and str(data) in line
     assert "truncated?" in line and "falling back to the previous step" in line
@@ -131,7 +136,7 @@ def test_eval_reads_the_params_and_never_the_optimizer_moments(tmp_path, caplog)
     with caplog.at_level(logging.WARNING, logger="orchestrax"):
         policy = load_policy(str(run), max_len=64, max_batch=2)
     assert policy.sampler.weight_version == "3" and _our_warnings(caplog) == []
-    chex.assert_trees_all_equal(policy.sampler.params, models.init_params(cfg, 3))
+    chex.assert_trees_all_equal(policy.sampler.params, _as_sampled(cfg, 3))
     asyncio.run(policy.aclose())
 
     trainer = Checkpointer(run / "checkpoints", every=0, read_only=True)
@@ -151,7 +156,7 @@ def test_corrupt_params_still_fall_back(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="orchestrax"):
         policy = load_policy(str(run), max_len=64, max_batch=2)
     assert policy.sampler.weight_version == "2"
-    chex.assert_trees_all_equal(policy.sampler.params, models.init_params(cfg, 2))
+    chex.assert_trees_all_equal(policy.sampler.params, _as_sampled(cfg, 2))
     (line,) = _our_warnings(caplog)
     assert line.startswith("checkpoint step 3 is corrupt (") and "falling back" in line
     asyncio.run(policy.aclose())
@@ -161,8 +166,10 @@ def test_param_dtype_casts_the_params_as_they_are_read(tmp_path):
     run, cfg = _run_dir(tmp_path, (3,))
     policy = load_policy(str(run), max_len=64, max_batch=2, param_dtype="bfloat16")
     assert policy.sampler.cfg.param_dtype == "bfloat16"
-    chex.assert_trees_all_equal(policy.sampler.params, jax.tree.map(
-        lambda x: x.astype(jnp.bfloat16), models.init_params(cfg, 3)))
+    # Held as the sampler reads them fastest: layers unstacked, as serve and training hold them.
+    assert isinstance(policy.sampler.params["layers"], tuple)
+    chex.assert_trees_all_equal(policy.sampler.params, models.unstack_layers(jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16), models.init_params(cfg, 3))))
     asyncio.run(policy.aclose())
     with pytest.raises(ValueError, match=r"param_dtype='float16'; allowed: \('float32', "
                                          r"'bfloat16'\)"):
@@ -214,7 +221,8 @@ def test_a_run_trained_over_8_devices_is_evaluated_on_one(tmp_path):
             "from orchestrax.eval.policy import load_policy\n"
             "assert jax.device_count() == 1\n"
             "p = load_policy(sys.argv[1], max_len=64, max_batch=2)\n"
-            "want = models.init_params(models.tiny_config(vocab_size=int(sys.argv[2])), 5)\n"
+            "want = models.unstack_layers(models.init_params(\n"
+            "    models.tiny_config(vocab_size=int(sys.argv[2])), 5))\n"
             "assert p.sampler.weight_version == '5'\n"
             "jax.tree.map(np.testing.assert_array_equal, p.sampler.params, want)\n"
             "print('ok')\n")

@@ -144,11 +144,12 @@ def _embedded(path: pathlib.Path, *, dtype: str, param_dtype: str, max_len: int,
     """(sampler, default tokenizer dir, checkpoint step or None) for an HF directory or a
     training run directory (its newest whole checkpoint's params only, through the trainer's
     one reader)."""
+    from orchestrax.rollout.embedded import sampler_layout
     from orchestrax.train.checkpoint import load_model
     model = load_model(path, dtype=dtype, param_dtype=param_dtype, field="--policy")
     sampler = registry.build_sampler(SamplerConfig(
         backend="embedded", max_batch=max_batch, max_len=max_len,
-        weight_version=model.version, seed=seed), model.cfg, model.params)
+        weight_version=model.version, seed=seed), model.cfg, sampler_layout(model.params))
     return sampler, model.tokenizer_dir, int(model.version) if model.version.isdigit() else None
 
 

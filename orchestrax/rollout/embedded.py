@@ -469,6 +469,13 @@ def _unstacked_copy(cfg: models.ModelConfig, params: Any) -> Any:
     return models.unstack_layers(models.compute_copy(cfg, params))
 
 
+# A loaded model's params (serve, eval) in the layout the sampler reads them fastest, dtypes
+# kept: layers unstacked (`models.unstack_layers`), so a decode step reads each layer's weights
+# where they lie instead of copying them out of stacked arrays. Both layouts are alive for a
+# moment while it runs.
+sampler_layout = jax.jit(models.unstack_layers)
+
+
 def sampler_mesh(params: Any) -> Mesh | None:
     """The mesh this process's sampler runs on: the params' own, or, with several processes,
     this process's devices alone (where `sampler_copy` gathers the trainer's params)."""

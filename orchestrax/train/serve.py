@@ -18,6 +18,7 @@ import jax
 
 from orchestrax import models, registry
 from orchestrax.checks import at_least, at_least_or_none, one_of
+from orchestrax.rollout.embedded import sampler_layout
 from orchestrax.rollout.sampler import SamplerConfig
 from orchestrax.rollout.server import ServerState, bound_port, start
 from orchestrax.rollout.validate import ServeLimits
@@ -124,7 +125,7 @@ def build_state(args: ServeConfig) -> ServerState:
         tok_path = args.tokenizer or str(model.tokenizer_dir)
         tokenizer = registry.build_tokenizer(tok_path)
         model_path, template = args.model, None
-    params = _unstacked(params)
+    params = sampler_layout(params)
     sampler = registry.build_sampler(SamplerConfig(
         backend="embedded", max_batch=args.max_batch, max_len=args.max_len,
         weight_version=args.weight_version, seed=args.seed,
@@ -137,15 +138,9 @@ def build_state(args: ServeConfig) -> ServerState:
                        load_weights=lambda path: _loaded(path, args.dtype, pdt))
 
 
-# Served weights keep their layers unstacked, as the embedded sampler's copy does
-# (`models.unstack_layers`): a decode step then reads each layer's weights where they lie
-# instead of copying them out of stacked arrays. Both layouts are briefly alive at a load.
-_unstacked = jax.jit(models.unstack_layers)
-
-
 def _loaded(path: str, dtype: str, pdt: str) -> tuple[models.ModelConfig, Any]:
     cfg, params = models.load_hf(path, dtype=dtype, param_dtype=pdt)
-    return cfg, _unstacked(params)
+    return cfg, sampler_layout(params)
 
 
 async def _run(args: ServeConfig) -> None:
