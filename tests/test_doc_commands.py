@@ -79,7 +79,7 @@ NOT_RUN = {
         "the whole demo (warm start, GRPO, two evals: over ten minutes here); its parsing and "
         "its wiring up to the first Trainer run in test_train_demo",
     "orchestrax train --config configs/demo.py:config_warmstart --set sft_steps=50":
-        "the demo's warm start: about 13 minutes on this 2-core box (README's measured time)",
+        "the demo's warm start: 3-6 minutes on this 2-core box (README, \"Time\")",
     "orchestrax serve --model runs/export --port 30000":
         "binds the fixed port 30000, which a parallel test or a developer's server may hold; "
         "serve on an export is run by test_train_export_hf and the serve tests on free ports",
