@@ -1,8 +1,10 @@
 """The outer loop end to end on the routing env: SFT warm start, GRPO steps, checkpoints, resume."""
 
+import asyncio
 import dataclasses
 import json
 import runpy
+import threading
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -16,7 +18,7 @@ from orchestrax.envs.routing import RoutingConfig
 from orchestrax.rl import GRPOConfig, OptimizerConfig
 from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.train_config import RolloutConfig, TrainConfig
-from orchestrax.train.loop import train
+from orchestrax.train.loop import Trainer, train
 from orchestrax.train.overrides import apply_overrides, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +162,38 @@ def test_rollouts_in_worker_processes(tmp_path, caplog):
     (row,) = [h for h in history if h["phase"] == "rl"]
     assert row["rollout/tokens_mean"] > 500 and row["rollout/turns_mean"] >= 1
     assert 0.0 <= row["rollout/accuracy"] <= 1.0 and np.isfinite(row["train/loss"])
+
+
+@pytest.mark.slow
+def test_the_update_leaves_the_event_loop_free(tmp_path):
+    """The GRPO update blocks for its whole length (~30 s on two cores in the rehearsal); the
+    event loop's other tasks (the SGLang client's health checks) must run meanwhile. Here the
+    update cannot finish until a task on the loop has run while it waits: run on the loop, it
+    would wait for itself."""
+    trainer = Trainer(tiny_run(tmp_path, steps=1, sft_steps=0))
+    started, released = threading.Event(), threading.Event()
+    step, start = trainer.update.step, trainer.rollouts.start
+
+    def gated_step(state, batch):
+        started.set()
+        assert released.wait(timeout=60), "no task on the event loop ran during the update"
+        return step(state, batch)
+
+    async def release():
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        released.set()
+
+    tasks = []
+
+    async def start_then_release():  # the rollout driver starts on the trainer's event loop
+        await start()
+        tasks.append(asyncio.create_task(release()))
+
+    trainer.update = trainer.update._replace(step=gated_step)
+    trainer.rollouts.start = start_then_release
+    history = trainer.run()
+    assert [h["phase"] for h in history] == ["rl"] and released.is_set()
 
 
 def test_warm_start_from_jsonl_packs_with_a_token_mean_loss(tmp_path):

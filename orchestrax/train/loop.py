@@ -283,7 +283,11 @@ class Trainer:
     async def _rl_steps(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         history = []
-        self._setup_reference()
+        # Off the event loop (here and below: the update, checkpoint saves, the wait for a save
+        # to commit): blocking work there stalls the loop's other tasks, e.g. the SGLang
+        # client's health checks, whose timeouts then mark live servers down. Each is awaited
+        # before the next step, so every process still issues its collectives in one order.
+        await asyncio.to_thread(self._setup_reference)
         await self._publish_weights()
         if cfg.rollout.warm_sampler:   # the programs of the published weights (the compute copy)
             self.sampler.warm([self.episode_cfg.sampling])
@@ -305,15 +309,8 @@ class Trainer:
             batch, stats = self.rollouts.make_batch(tasks, groups, outcome,
                                                     setup.pad_id(self.codec))
             stats |= stale | self._sampler_counters()
-            # Multi-process: the global batch from every process's own rows.
-            batch = batching.from_process_rows(batch, rl.batch_shardings(batch, self.mesh))
-            if self.ref_params is not None:
-                batch["ref_logprobs"] = self._ref_logprobs(
-                    self.ref_params, batch["tokens"], batch["attention_mask"])
             self.sampler.drop_params()   # its copy is remade right after
-            self.state, metrics = self.update.step(self.state, batch)
-            self._stop_if_broken(metrics)
-            metrics = step_metrics(metrics)   # waits for the update
+            metrics = await asyncio.to_thread(self._update, batch)
             t_update = time.perf_counter() - t0 - t_roll
             self.step += 1
             await self._publish_weights()
@@ -328,11 +325,23 @@ class Trainer:
             # a resumed run neither drops it nor evaluates again.
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                 history.append(self._log(await self._evaluate()))  # the final policy too
-            self._save()
+            await asyncio.to_thread(self._save)
         bar.close()
-        self._save(force=True)
+        await asyncio.to_thread(self._save, True)
         await self.sampler.aclose()
         return history
+
+    def _update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """One GRPO update on this process's rows of the step; returns its `train/` metrics once
+        the update has finished (blocking: run it off the event loop)."""
+        # Multi-process: the global batch from every process's own rows.
+        batch = batching.from_process_rows(batch, rl.batch_shardings(batch, self.mesh))
+        if self.ref_params is not None:
+            batch["ref_logprobs"] = self._ref_logprobs(
+                self.ref_params, batch["tokens"], batch["attention_mask"])
+        self.state, metrics = self.update.step(self.state, batch)
+        self._stop_if_broken(metrics)
+        return step_metrics(metrics)   # waits for the update
 
     def _setup_reference(self) -> None:
         """With a KL term, the frozen reference is the policy RL started from (the warm-start
@@ -394,7 +403,8 @@ class Trainer:
     async def _evaluate(self) -> dict[str, Any]:
         """Rollouts on the eval split (greedy unless eval_temperature > 0): accuracy, cost,
         latency and the env's own stats."""
-        self.ckpt.commit()  # the checkpoint before it is whole before the eval's minutes
+        # The checkpoint before it is whole before the eval's minutes.
+        await asyncio.to_thread(self.ckpt.commit)
         tasks = list(self.eval_tasks)
         groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
                                               temperature=self.cfg.eval_temperature)
