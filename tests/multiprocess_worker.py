@@ -4,7 +4,9 @@
 MODE "train": a tiny routing run (warm start, then GRPO with a KL reference, embedded sampler,
 checkpoints) through the real Trainer. MODE "step": one GRPO step with a KL term on a fixed
 batch, each process contributing its own rows (rows of different lengths per process). Each
-writes its results to OUT/result-<process id>.json.
+writes its results to OUT/result-<process id>.json. MODE "fault": the "train" run without its
+warm start and evals, in which process 1 raises in its first GRPO rollout, under
+`parallel.exit_on_error` as `orchestrax train` runs it; no results.
 """
 
 import dataclasses
@@ -102,10 +104,27 @@ def one_step(out: pathlib.Path) -> dict:
             "param_sum": float(np.asarray(total(state.params)))}
 
 
+def fault(out: pathlib.Path) -> None:
+    from orchestrax.train import loop
+    rollout = loop.Trainer._rollout
+
+    async def failing(self, tasks, group, temperature=None):
+        if jax.process_index() == 1:
+            raise RuntimeError("injected fault in process 1's rollout")
+        return await rollout(self, tasks, group, temperature)
+
+    loop.Trainer._rollout = failing
+    with parallel.exit_on_error():
+        loop.train(dataclasses.replace(train_config(out), sft_steps=0, eval_every=0))
+    raise AssertionError("the run did not fail")
+
+
 def main() -> None:
     mode, out, pid, n, port = sys.argv[1], pathlib.Path(sys.argv[2]), *map(int, sys.argv[3:6])
     if n > 1:
         parallel.initialize(f"127.0.0.1:{port}", n, pid)
+    if mode == "fault":
+        fault(out)
     if mode == "step":
         result = one_step(out)
     else:

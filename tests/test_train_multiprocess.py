@@ -7,6 +7,8 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
+from typing import Any, Callable
 
 import pytest
 
@@ -19,14 +21,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(mode: str, out: pathlib.Path, processes: int) -> list[dict]:
-    """Run the worker as `processes` processes with 8 / processes CPU devices each."""
+def _start(mode: str, out: pathlib.Path, processes: int,
+           stdout: Callable[[int], Any]) -> list[subprocess.Popen]:
+    """The worker as `processes` processes with 8 / processes CPU devices each; process i
+    writes its output to `stdout(i)`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), mode, str(out), str(i),
-                               str(processes), str(port)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(processes)]
+    return [subprocess.Popen([sys.executable, str(WORKER), mode, str(out), str(i),
+                              str(processes), str(port)], env=env, stdout=stdout(i),
+                             stderr=subprocess.STDOUT, text=True) for i in range(processes)]
+
+
+def _run(mode: str, out: pathlib.Path, processes: int) -> list[dict]:
+    procs = _start(mode, out, processes, lambda i: subprocess.PIPE)
     try:
         logs = [p.communicate(timeout=900)[0] for p in procs]
     finally:
@@ -65,3 +73,35 @@ def test_the_trainer_runs_as_two_processes(tmp_path):
     steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [2, 4, 5]
     assert (tmp_path / "reference").is_dir()
+
+
+@pytest.mark.slow
+def test_a_failing_process_ends_the_job(tmp_path):
+    """Process 1 raises in its first GRPO rollout: it logs the error and exits with 1 at once,
+    without JAX's exit-time shutdown barrier, and process 0, whose update needs process 1,
+    fails soon after, naming process 1 as the first failure. Unwinding normally, both waited
+    on each other until killed (process 1 in the shutdown barrier, process 0 in a collective).
+    300 s is a hang detector, far above the seconds this takes."""
+    out = tmp_path / "run"
+    out.mkdir()
+    logs = [tmp_path / f"process-{i}.log" for i in range(2)]
+    start = time.monotonic()
+    procs = _start("fault", out, 2, lambda i: logs[i].open("w"))
+    exited: dict[int, float] = {}
+    while len(exited) < 2 and time.monotonic() - start < 300:
+        for i, p in enumerate(procs):
+            if i not in exited and p.poll() is not None:
+                exited[i] = round(time.monotonic() - start, 1)
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = [log.read_text(errors="replace") for log in logs]
+    print(f"seconds from start to exit, by process: {exited}")
+    assert len(exited) == 2, f"still running after 300 s: {exited}\n{text[0][-3000:]}"
+    assert procs[1].returncode == 1, text[1][-3000:]
+    assert procs[0].returncode != 0, text[0][-3000:]
+    assert "process 1 of 2 failed" in text[1] and "injected fault" in text[1], text[1][-3000:]
+    assert ("first failure of the job: process 1 of 2: RuntimeError: injected fault"
+            in text[0]), text[0][-3000:]

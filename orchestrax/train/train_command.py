@@ -12,7 +12,8 @@ from orchestrax.train.overrides import apply_overrides, load_config
 def run(config: str, overrides: Sequence[str]) -> int:
     setup.configure_logging()
     parallel.initialize()
-    cfg = apply_overrides(load_config(config), overrides)
-    from orchestrax.train.loop import train
-    train(cfg)
+    with parallel.exit_on_error():   # multi-process: a failure ends the job, not a hang
+        cfg = apply_overrides(load_config(config), overrides)
+        from orchestrax.train.loop import train
+        train(cfg)
     return 0
