@@ -1,16 +1,20 @@
 """`orchestrax rehearse`'s parts: the endpoints it would serve, its warm-start conversations, its
-refusals, and its LLM tools' replies from a real `orchestrax serve --tiny` expert."""
+refusals, its end when a trainer process dies, and its LLM tools' replies from a real
+`orchestrax serve --tiny` expert."""
 
 import argparse
 import asyncio
 import dataclasses
 import json
 import pathlib
+import sys
+import time
 
 import pytest
 from loopback import free_port, start_tiny_server
 
 from orchestrax.rehearsal import rehearse
+from orchestrax.rehearsal.children import Fleet
 from orchestrax.train.overrides import load_config
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "toolorchestra.py"
@@ -93,6 +97,28 @@ def test_bad_rehearsal_configs_are_named(tmp_path):
         rehearse.run(args)
     with pytest.raises(ValueError, match="not a loopback URL"):
         rehearse.url_port("http://10.0.0.1:30000")
+
+
+def test_a_dead_trainer_process_ends_the_rehearsal(tmp_path, monkeypatch):
+    """Trainer process 1 exits with 3 while process 0 runs on: the train phase fails naming
+    trainer-1 and its log, well before its deadline (a TimeoutError), and the fleet's close
+    stops process 0."""
+    script = ("import os, sys, time\n"
+              "if os.environ['PROCESS_ID'] == '1':\n"
+              "    print('process 1 failed: injected')\n"
+              "    sys.exit(3)\n"
+              "time.sleep(600)\n")
+    monkeypatch.setattr(rehearse, "_trainer_argv", lambda spec, sets: [sys.executable, "-c",
+                                                                      script])
+    fleet = Fleet(tmp_path / "logs")
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="(?s)trainer-1 exited with 3.*process 1 failed"):
+            rehearse.train(None, "unused", [], tmp_path, fleet, 2, None, start + 120)
+        survivor = fleet.children[0]
+    finally:
+        fleet.close()
+    assert survivor.name == "trainer-0" and survivor.proc.returncode is not None
 
 
 @pytest.mark.slow  # the server's start and first compile: ~1-2 min on two shared cores
