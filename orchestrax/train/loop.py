@@ -284,15 +284,16 @@ class Trainer:
         cfg = self.cfg
         history = []
         # Off the event loop (here and below: the update, checkpoint saves, the wait for a save
-        # to commit): blocking work there stalls the loop's other tasks, e.g. the SGLang
-        # client's health checks, whose timeouts then mark live servers down. Each is awaited
-        # before the next step, so every process still issues its collectives in one order.
+        # to commit, the metrics rows' all-gather): blocking work there stalls the loop's other
+        # tasks, e.g. the SGLang client's health checks, whose timeouts then mark live servers
+        # down. Each is awaited before the next, so every process still issues its collectives
+        # in one order.
         await asyncio.to_thread(self._setup_reference)
         await self._publish_weights()
         if cfg.rollout.warm_sampler:   # the programs of the published weights (the compute copy)
             self.sampler.warm([self.episode_cfg.sampling])
         if self.step == 0 and cfg.eval_every:
-            history.append(self._log(await self._evaluate()))
+            history.append(await asyncio.to_thread(self._log, await self._evaluate()))
         bar = progress(cfg.steps, self.step, "GRPO")
         while self.step < cfg.steps:
             t0 = time.perf_counter()
@@ -317,14 +318,16 @@ class Trainer:
             row = {"phase": "rl", "step": self.step, **stats, **metrics,
                    "time/rollout_s": t_roll, "time/update_s": t_update,
                    "time/step_s": time.perf_counter() - t0}
-            history.append(self._log(row))
+            history.append(await asyncio.to_thread(self._log, row))
             bar.update()
             bar.set_postfix(postfix(row, ("rollout/reward_mean", "rollout/accuracy",
                                          "rollout/cost_mean")))
             # Eval before the checkpoint, so the checkpoint's row count holds the eval row and
             # a resumed run neither drops it nor evaluates again.
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
-                history.append(self._log(await self._evaluate()))  # the final policy too
+                # The final policy too. The row's all-gather waits for every process's share of
+                # the eval, which may end far apart.
+                history.append(await asyncio.to_thread(self._log, await self._evaluate()))
             await asyncio.to_thread(self._save)
         bar.close()
         await asyncio.to_thread(self._save, True)
