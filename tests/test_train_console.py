@@ -35,6 +35,18 @@ def test_line_shows_step_of_total_rate_and_eta():
         "eval at step 4  acc 1"
 
 
+def test_bar_postfix_shows_the_preferred_tool_share_per_kind_when_the_env_reports_it():
+    rl = {"phase": "rl", "step": 3, "rollout/reward_mean": 0.5, "rollout/accuracy": 0.875,
+          "rollout/cost_mean": 0.01}
+    assert console.bar_postfix(rl) == "reward 0.5; acc 0.88"
+    routed = rl | {"env/preferred_share_latency": 0.25, "env/preferred_share_cost": 0.71875,
+                   "env/preferred_tool_rate_cost": 0.5}
+    assert console.bar_postfix(routed) == "preferred tool cost 0.72, latency 0.25; acc 0.88"
+    assert console.bar_postfix({"phase": "sft", "step": 1, "train/loss": 3.14159}) == \
+        "loss 3.142"
+    assert console.bar_postfix({"phase": "rl", "step": 1, "rollout/accuracy": float("nan")}) == ""
+
+
 def test_degenerate_steps_are_named():
     base = {"phase": "rl", "step": 3, "train/grad_norm": 0.7, "filter/kept": 5,
             "rollout/format_error_rate": 0.1}

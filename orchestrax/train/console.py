@@ -1,6 +1,6 @@
 """What a run prints per logged row: one short line (step N/total, a few numbers, rate, ETA) that
-reads the same on a terminal and in a log file, warnings for steps that trained on nothing, and
-the run's eval settings that differ from its training rollouts.
+reads the same on a terminal and in a log file, the progress bar's postfix, warnings for steps
+that trained on nothing, and the run's eval settings that differ from its training rollouts.
 The full row stays in metrics.jsonl and TensorBoard."""
 
 from __future__ import annotations
@@ -52,6 +52,29 @@ def line(row: dict[str, Any], total: int | None, clock: Clock) -> str:
         if per_step is not None:
             text += f"  | {per_step:.3g} s/step, ETA {_eta(per_step * max(0, total - step))}"
     return text
+
+
+PREFERRED_SHARE = "env/preferred_share_"   # an env's share of calls to each P kind's preferred tool
+
+
+def bar_postfix(row: dict[str, Any]) -> str:
+    """The progress bar's postfix for a row: an SFT row's loss; an RL row's preferred tool's
+    share of calls per P kind (what a routing env learns, when its stats report it), else its
+    reward; then its accuracy."""
+    def num(key: str) -> float | None:
+        v = row.get(key)
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    if row["phase"] == "sft":
+        return "" if num("train/loss") is None else f"loss {num('train/loss'):.4g}"
+    shares = [f"{k.removeprefix(PREFERRED_SHARE)} {row[k]:.2f}" for k in sorted(row)
+              if k.startswith(PREFERRED_SHARE) and num(k) is not None]
+    cells = ([f"preferred tool {', '.join(shares)}"] if shares
+             else [f"reward {num('rollout/reward_mean'):.3g}"]
+             if num("rollout/reward_mean") is not None else [])
+    if num("rollout/accuracy") is not None:
+        cells.append(f"acc {num('rollout/accuracy'):.2f}")
+    return "; ".join(cells)
 
 
 def degenerate(row: dict[str, Any]) -> Sequence[str]:

@@ -37,7 +37,7 @@ from orchestrax.train.checkpoint import Checkpointer
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.flow import FlowRunner, make_subagent_sampler  # sub-agent mode
 from orchestrax.train import plots
-from orchestrax.train.metrics_log import MetricsLog, combine_process_rows, postfix, progress
+from orchestrax.train.metrics_log import MetricsLog, combine_process_rows, progress
 
 log = logging.getLogger(__name__)
 
@@ -255,18 +255,25 @@ class Trainer:
             batches = warmstart.demo_batches(demos, pad_id=setup.pad_id(self.codec), **shape)
             place = batching.from_global_rows
         bar = progress(cfg.sft_steps, self.step, "warm start")
+        uncounted = None   # the metrics of the last step dispatched, not yet on the bar
         while self.step < cfg.sft_steps:
             batch = next(batches)
             self.state, metrics = sft.step(self.state, place(
                 batch, rl.batch_shardings(batch, self.mesh)))
             self._stop_if_broken(metrics)
             self.step += 1
-            bar.update()
+            # The bar counts a step once it has run, one step behind the dispatch (which returns
+            # at once): counted at dispatch, it ran ahead to the next blocking row and waited
+            # there, moving in jumps of ten steps.
+            if uncounted is not None:
+                _count(bar, uncounted)
+            uncounted = metrics
             if self.step % 10 == 0 or self.step == cfg.sft_steps:
                 row = {"phase": "sft", "step": self.step, **step_metrics(metrics)}
                 history.append(self._log(row))
-                bar.set_postfix(postfix(row, ("train/loss",)))
             self._save()
+        if uncounted is not None:
+            _count(bar, uncounted)
         bar.close()
         self._save(force=True)
         self.phase, self.step = "rl", 0
@@ -319,9 +326,8 @@ class Trainer:
                    "time/rollout_s": t_roll, "time/update_s": t_update,
                    "time/step_s": time.perf_counter() - t0}
             history.append(await asyncio.to_thread(self._log, row))
+            bar.set_postfix_str(console.bar_postfix(row), refresh=False)
             bar.update()
-            bar.set_postfix(postfix(row, ("rollout/reward_mean", "rollout/accuracy",
-                                         "rollout/cost_mean")))
             # Eval before the checkpoint, so the checkpoint's row count holds the eval row and
             # a resumed run neither drops it nor evaluates again.
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
@@ -441,6 +447,13 @@ class Trainer:
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()
             if np.asarray(v).size == 1}
+
+
+def _count(bar, metrics: dict[str, Any]) -> None:
+    """One finished SFT step on the bar (waits for its `metrics`), its loss in the postfix."""
+    bar.set_postfix_str(console.bar_postfix({"phase": "sft", **step_metrics(metrics)}),
+                        refresh=False)
+    bar.update()
 
 
 def step_metrics(metrics: dict[str, Any]) -> dict[str, float]:

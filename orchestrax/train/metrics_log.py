@@ -203,11 +203,8 @@ class MetricsLog:
 
 
 def progress(total: int, initial: int, desc: str):
-    """A tqdm bar over steps (shown on a terminal only; log lines print above it)."""
+    """A tqdm bar over steps (shown on a terminal only, and not for a phase of no steps: a warm
+    start's RL phase; log lines print above it)."""
     from tqdm import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", disable=None,
-                dynamic_ncols=True, leave=True)
-
-
-def postfix(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
-    return {k.rpartition("/")[2].removesuffix("_mean"): f"{row[k]:.3g}" for k in keys if k in row}
+    return tqdm(total=total, initial=initial, desc=desc, unit="step",
+                disable=None if total else True, dynamic_ncols=True, leave=True)
