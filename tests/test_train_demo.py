@@ -84,6 +84,36 @@ def test_orchestrax_demo_reaches_the_trainer(tmp_path, monkeypatch, capsys):
     assert not (out / "stale").exists()
 
 
+def test_demo_terminal_shows_its_own_lines_and_warnings_the_log_file_everything(tmp_path,
+                                                                              capsys):
+    """Under the trainer's logging_redirect_tqdm too: the runs' INFO lines (per-step rows,
+    checkpoints) go to the log file only; warnings and the demo's own lines to both."""
+    import logging
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    root, ours = logging.getLogger(), logging.getLogger("orchestrax")
+    handlers, levels = root.handlers, (root.level, ours.level)
+    try:
+        demo.configure_logging(tmp_path / "out" / "demo.log")
+        with logging_redirect_tqdm():
+            logging.getLogger("orchestrax.train.loop").info("rl step 1/16")
+            logging.getLogger("orchestrax.train.checkpoint").warning("checkpoint 4 is corrupt")
+            demo.log.info("GRPO: 16 steps")
+        logging.getLogger("orchestrax.train.loop").info("done: demo-grpo")
+        for h in root.handlers:
+            h.flush()
+    finally:
+        root.handlers = handlers
+        root.setLevel(levels[0])
+        ours.setLevel(levels[1])
+    err = capsys.readouterr().err
+    assert err == ("WARNING orchestrax.train.checkpoint: checkpoint 4 is corrupt\n"
+                   "GRPO: 16 steps\n"), err
+    text = (tmp_path / "out" / "demo.log").read_text()
+    for line in ("rl step 1/16", "checkpoint 4 is corrupt", "GRPO: 16 steps", "done: demo-grpo"):
+        assert line in text
+
+
 @pytest.mark.slow
 def test_grpo_moves_the_one_policy_towards_each_kind_s_tool(tmp_path):
     """The demo's recipe shortened to 8 GRPO steps from its own warm start: the policy's

@@ -13,6 +13,9 @@ kind, the preferred tool's share of calls before and after GRPO, as the trainer'
 `orchestrax eval` measure it, and the GRPO policy's preference adherence against the warm start.
 `<out>/preference_shares.png` plots the preferred tool's share per P kind per GRPO step and the
 eval numbers. Rerunning resumes every run where it stopped.
+
+The terminal shows the progress bars, a line per stage, warnings and the tables; every log line
+of the runs and the `orchestrax eval` output go to `<out>/demo.log`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import runpy
 import shutil
@@ -44,6 +48,9 @@ from orchestrax.train.loop import train
 
 CONFIG = "configs/demo.py"
 KINDS = ("cost", "latency")
+LOG = "demo.log"   # under --out: the runs' log lines and `orchestrax eval`'s output
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,20 +99,51 @@ def runs(cmd: DemoCommand) -> tuple[TrainConfig, TrainConfig]:
         for c in (cmd.warmstart, cmd.grpo))
 
 
+def configure_logging(path: Path) -> None:
+    """Every orchestrax log line (INFO and up; other libraries' from WARNING) into `path`; the
+    terminal gets this module's lines and warnings, not the runs' per-step and checkpoint lines
+    (the progress bars show those)."""
+    setup.configure_logging()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", "%H:%M:%S"))
+    # A filter, not a level: the trainer's logging_redirect_tqdm copies a console handler's
+    # filters to the handler it puts in its place, but not its level.
+    console = logging.StreamHandler()
+    console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == __name__)
+    console.setFormatter(_ConsoleFormat())
+    logging.getLogger().handlers = [to_file, console]
+
+
+class _ConsoleFormat(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name == __name__:
+            return record.getMessage()
+        return f"{record.levelname} {record.name}: {record.getMessage()}"
+
+
 def run(cmd: DemoCommand) -> int:
     """Train both runs, evaluate both with `orchestrax eval`, print the table; 0 when done."""
-    setup.configure_logging()
     warm, grpo = runs(cmd)
     base = Path(cmd.out)
     if cmd.fresh:
         shutil.rmtree(base, ignore_errors=True)
+    configure_logging(base / LOG)
+    log.info("orchestrax demo: log lines and `orchestrax eval` output go to %s", base / LOG)
     start = time.perf_counter()
+    log.info("warm start: %d supervised steps on demonstrations that pick tools at random, then "
+             "an eval on held-out tasks (%s)", warm.sft_steps, warm.out_dir)
     train(warm)
+    log.info("GRPO: %d steps of one policy on tasks of both preference kinds; the bar shows the "
+             "preferred tool's share of calls per kind in the step's rollouts (%s)",
+             grpo.steps, grpo.out_dir)
     train(grpo)
     trained = time.perf_counter()
-    evals = {"warm start": orchestrax_eval(warm, base / "eval_warmstart", None)}
+    log.info("`orchestrax eval` of both policies on the held-out tasks (%s, %s)",
+             base / "eval_warmstart", base / "eval_grpo")
+    evals = {"warm start": orchestrax_eval(warm, base / "eval_warmstart", None, base / LOG)}
     evals["GRPO"] = orchestrax_eval(grpo, base / "eval_grpo",
-                                    base / "eval_warmstart" / "eval.json")
+                                    base / "eval_warmstart" / "eval.json", base / LOG)
     minutes = ((trained - start) / 60, (time.perf_counter() - trained) / 60)
     rows = [("before RL (warm start)", eval_rows(warm)[-1], evals["warm start"]),
             ("GRPO, one policy", eval_rows(grpo)[-1], evals["GRPO"])]
@@ -115,9 +153,10 @@ def run(cmd: DemoCommand) -> int:
                                               ("GRPO, one policy", grpo))]))
     png = plots.plot_preference_shares(Path(grpo.out_dir) / "metrics.jsonl", KINDS, evals,
                                        base / "preference_shares.png")
-    print(f"\ntraining took {minutes[0]:.1f} min, `orchestrax eval` {minutes[1]:.1f} min; "
-          f"metrics: {base}/*/metrics.jsonl (TensorBoard: {base}/*/tensorboard); "
-          f"preferred-tool share per step: {png}")
+    print(f"\ntraining took {minutes[0]:.1f} min, `orchestrax eval` {minutes[1]:.1f} min\n"
+          f"picture: {png} (the preferred tool's share per P kind at every GRPO step and in "
+          f"`orchestrax eval`)\nlog: {base / LOG}; metrics: {base}/*/metrics.jsonl "
+          f"(TensorBoard: {base}/*/tensorboard)")
     return 0
 
 
@@ -189,17 +228,24 @@ def _cell(x: float | None, width: int, fmt: str = ".2f") -> str:
     return f"{'-' if x is None or math.isnan(x) else format(x, fmt):>{width}s}"
 
 
-def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None) -> dict[str, Any]:
+def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None,
+                    log_path: Path) -> dict[str, Any]:
     """`orchestrax eval` of a run dir on the routing task set (episode settings and the routing
-    env from the run's own config): {"adherence" (against `baseline`'s eval.json, None without),
-    "accuracy", "share": {kind: the preferred tool's share of calls on that kind's tasks, the
-    env's `preferred_share_<kind>` as the trainer's eval computes it}}."""
+    env from the run's own config), its output appended to `log_path`: {"adherence" (against
+    `baseline`'s eval.json, None without), "accuracy", "share": {kind: the preferred tool's
+    share of calls on that kind's tasks, the env's `preferred_share_<kind>` as the trainer's
+    eval computes it}}."""
     # The command itself, in its own process: the trainer's layer does not import eval's.
     argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy", cfg.out_dir,
             "--tasks", "routing", "--turn-sweep", "", "--out", str(out), "--no-progress"]
-    code = subprocess.run(argv + (["--baseline", str(baseline)] if baseline else [])).returncode
-    if code:
-        raise SystemExit(f"orchestrax eval of {cfg.out_dir} failed (exit {code})")
+    argv += ["--baseline", str(baseline)] if baseline else []
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with log_path.open("a") as f:
+        f.write(f"$ {' '.join(argv)}\n{proc.stdout}")
+    if proc.returncode:
+        tail = "\n".join(proc.stdout.splitlines()[-20:])
+        raise SystemExit(f"{tail}\norchestrax eval of {cfg.out_dir} failed (exit "
+                         f"{proc.returncode}); its output is in {log_path}")
     payload = json.loads((out / "eval.json").read_text())
     (row,) = payload["rows"]
     env = row.get("env", {})   # the routing env's own stats, as the trainer's eval rows log them
