@@ -84,8 +84,10 @@ class Trainer:
             setup.write_model_card(self.local / "model", self.model_cfg, self.tokenizer,
                                    cfg.hf_path)
             run_info.write(self.local, cfg)  # eval and export read the run's settings from it
+            # A note on reading the rows, not a fault: INFO (the demo's terminal, which shows
+            # warnings only, states its eval settings in its table).
             for difference in console.eval_differences(cfg):
-                log.warning("%s", difference)
+                log.info("%s", difference)
             log.info("orchestrax train %s: %d %s device(s), %d process(es), %.3gM params, "
                      "out_dir %s", cfg.name, jax.device_count(), jax.devices()[0].platform,
                      jax.process_count(), models.num_params(self.model_cfg) / 1e6, self.out)
