@@ -6,6 +6,8 @@ import json
 import pathlib
 from typing import Any, Sequence
 
+import numpy as np
+
 # (title, phase -> row key); a panel is drawn only when some row has one of its keys.
 PANELS = (("SFT loss", {"sft": "train/loss"}),
           ("reward", {"rl": "rollout/reward_mean"}),
@@ -99,19 +101,28 @@ def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
             ax.plot([r["step"] for r in got], [r[key] for r in got], style, color=f"C{i}",
                     label=f"P weighs {kind}" + (" (eval)" if phase == "eval" else ""))
     ax.set(title="one policy: preferred tool's share of calls", xlabel="GRPO step",
-           ylabel="share", ylim=(-0.02, 1.02))
+           ylabel="share of calls", ylim=(-0.02, 1.02))
     width = 0.8 / max(1, len(evals))
     for i, (label, ev) in enumerate(evals.items()):
         adh = ev.get("adherence")
-        bars.bar([k + (i - (len(evals) - 1) / 2) * width for k in range(len(kinds))],
-                 [ev["share"][kind] for kind in kinds], width,
-                 label=label + ("" if adh is None else f" (adherence {adh:.2f})"))
+        drawn = bars.bar([k + (i - (len(evals) - 1) / 2) * width for k in range(len(kinds))],
+                         [ev["share"][kind] for kind in kinds], width,
+                         label=label + ("" if adh is None else f" (adherence {adh:.2f})"))
+        bars.bar_label(drawn, fmt="%.2f", fontsize=7)
     bars.set_xticks(range(len(kinds)), [f"P weighs {k}" for k in kinds])
-    bars.set(title="orchestrax eval: preferred tool's share", ylim=(0, 1.02))
+    bars.set(title="orchestrax eval: preferred tool's share", ylabel="share of calls",
+             ylim=(0, 1.25), yticks=np.linspace(0, 1, 6))
+    ax.legend(fontsize=7, loc="lower right")
+    bars.legend(fontsize=7, loc="upper center", ncol=2)
     for a in (ax, bars):
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    fig.tight_layout()
+    # The step-0 dots and the warm-start bars score the same policy on the same tasks, sampled
+    # with other seeds (an eval is seeded by its run's global step).
+    fig.text(0.01, 0.01, "Lines: each GRPO step's training rollouts. Dots: the GRPO run's "
+             "evaluations on the held-out tasks; at step 0 that is the warm start,\nsampled with "
+             "other seeds than the warm-start bars on the right, so the two differ by the "
+             "evaluation's sampling noise.", fontsize=7, color="0.3")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
