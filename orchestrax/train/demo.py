@@ -129,18 +129,16 @@ def run(cmd: DemoCommand) -> int:
     if cmd.fresh:
         shutil.rmtree(base, ignore_errors=True)
     configure_logging(base / LOG)
-    log.info("orchestrax demo: log lines and `orchestrax eval` output go to %s", base / LOG)
+    log.info("orchestrax demo: runs in %s, every log line in %s", base, base / LOG)
     start = time.perf_counter()
-    log.info("warm start: %d supervised steps on demonstrations that pick tools at random, then "
-             "an eval on held-out tasks (%s)", warm.sft_steps, warm.out_dir)
+    log.info("warm start: %d supervised steps on demonstrations (tools picked at random), then "
+             "an eval", warm.sft_steps)
     train(warm)
-    log.info("GRPO: %d steps of one policy on tasks of both preference kinds; the bar shows the "
-             "preferred tool's share of calls per kind in the step's rollouts (%s)",
-             grpo.steps, grpo.out_dir)
+    log.info("GRPO: %d steps of one policy; the bar shows the preferred tool's share of calls "
+             "per P kind", grpo.steps)
     train(grpo)
     trained = time.perf_counter()
-    log.info("`orchestrax eval` of both policies on the held-out tasks (%s, %s)",
-             base / "eval_warmstart", base / "eval_grpo")
+    log.info("orchestrax eval of both policies on the held-out tasks")
     evals = {"warm start": orchestrax_eval(warm, base / "eval_warmstart", None, base / LOG)}
     evals["GRPO"] = orchestrax_eval(grpo, base / "eval_grpo",
                                     base / "eval_warmstart" / "eval.json", base / LOG)
