@@ -22,6 +22,40 @@ import pytest
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+# The files that take minutes, longest first (seconds with a warm compile cache, 2026-12-05,
+# `--durations`). `make test` runs `-n 2 --dist loadfile`: a worker takes one whole file at a
+# time, and xdist's default order (most tests first) left these one-test files to the end,
+# where the rehearsal (~9 min) and the demo test (~6.5 min) ran on after everything else. Begun
+# first, they overlap the rest of the suite. The other files follow, most tests first.
+LONGEST_FILES = (
+    "test_train_rehearsal.py",    # 540
+    "test_train_demo.py",         # 395
+    "test_eval_e2e.py",           # 130
+    "test_envs_tau2.py",          # 120
+    "test_rollout_engine.py",     # 115
+    "test_train_loop.py",         # 90
+    "test_train_multiprocess.py", # 70
+    "test_tools_domain_worker.py",
+    "test_doc_commands.py",
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):   # pytest-xdist: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONGEST_FILES first, in that order; then the other files, most tests first (a stable
+    sort: tests keep their order within a file). Every xdist worker sorts alike."""
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.path.name] = count.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path.name],
+                                 item.path.name))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """After each test file, drop jax's in-memory caches of compiled programs. A pytest-xdist
