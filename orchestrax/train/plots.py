@@ -91,6 +91,7 @@ def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = _rows(metrics)
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -102,6 +103,7 @@ def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
                     label=f"P weighs {kind}" + (" (eval)" if phase == "eval" else ""))
     ax.set(title="one policy: preferred tool's share of calls", xlabel="GRPO step",
            ylabel="share of calls", ylim=(-0.02, 1.02))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     width = 0.8 / max(1, len(evals))
     for i, (label, ev) in enumerate(evals.items()):
         adh = ev.get("adherence")
