@@ -22,21 +22,31 @@ import pytest
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-# The files that take minutes, longest first (seconds with a warm compile cache, 2026-12-05,
-# `--durations`). `make test` runs `-n 2 --dist loadfile`: a worker takes one whole file at a
-# time, and xdist's default order (most tests first) left these one-test files to the end,
-# where the rehearsal (~9 min) and the demo test (~6.5 min) ran on after everything else. Begun
-# first, they overlap the rest of the suite. The other files follow, most tests first.
+# The files that take about a minute or more, longest first (seconds with a warm compile
+# cache, load 5-7, 2026-12-05: each test's setup + call + teardown). `make test` runs `-n 2
+# --dist loadfile`: a worker takes one whole file at a time, and xdist's default order (most
+# tests first) left these few-test files to the end, where the rehearsal (~9 min) and the demo
+# test (~6.5 min) ran on after everything else. Begun first, they overlap the rest of the
+# suite. The other files follow, most tests first.
 LONGEST_FILES = (
-    "test_train_rehearsal.py",    # 540
-    "test_train_demo.py",         # 395
-    "test_eval_e2e.py",           # 130
-    "test_envs_tau2.py",          # 120
-    "test_rollout_engine.py",     # 115
-    "test_train_loop.py",         # 90
-    "test_train_multiprocess.py", # 70
-    "test_tools_domain_worker.py",
-    "test_doc_commands.py",
+    "test_train_rehearsal.py",       # ~540
+    "test_train_demo.py",            # 395
+    "test_train_multiprocess.py",    # 265
+    "test_train_resume.py",          # 165
+    "test_train_retry_counters.py",  # 150
+    "test_eval_e2e.py",              # 130
+    "test_envs_tau2.py",             # 120
+    "test_rollout_engine.py",        # 115
+    "test_train_loop.py",            # 85
+    "test_tools_domain_worker.py",   # 70
+    "test_doc_commands.py",          # 70
+    "test_rollout_scoring.py",       # 60
+    "test_tools_search.py",          # 60
+    "test_eval_subagent.py",         # 55
+    "test_rollout_real_clients.py",  # 55
+    "test_agent_orchestrator8b.py",  # 55
+    "test_agent_embedded.py",        # 55
+    "test_train_sglang.py",          # 50
 )
 
 
