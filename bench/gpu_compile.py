@@ -256,15 +256,15 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
                                            max_len, max_len, 1)
     if kind == "prefill":
         chunk = min(512, max_len)
-        rows = min(8, slots)    # the engine's default prefill_rows
-        settings = jax.tree.map(lambda x: None if x is None else one((rows,) + x.shape[1:],
+        settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
                                                                      x.dtype),
                                 st_shapes._replace(k=None, v=None))
-        info["rows"] += f", {rows} rows of chunk {chunk}"
-        i32, on = one((rows,), jnp.int32), one((rows,), jnp.bool_)
-        return engine_mod._prefill.lower(
-            scfg, sp, st, i32, one((rows, chunk), jnp.int32), one((rows, chunk), jnp.bool_),
-            i32, i32, on, on, on, settings, n_top=0, span=max_len, filtering=True), info
+        info["rows"] += f", chunk {chunk}"
+        i32 = one((), jnp.int32)
+        return engine_mod._prefill_chunk.lower(
+            scfg, sp, st, i32, one((chunk,), jnp.int32), one((chunk,), jnp.bool_), i32,
+            i32, one((), jnp.bool_), one((), jnp.bool_), settings, n_top=0,
+            span=max_len, filtering=True), info
     keep = one((slots,), jnp.bool_)
     info["rows"] += ", 1 step"
     return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,

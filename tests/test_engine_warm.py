@@ -49,13 +49,12 @@ def test_warm_compiles_every_program_a_workload_dispatches_and_changes_no_result
     params = models.init_params(CFG, 1)
     warmed = make_engine(params)
     programs = warmed.programs()
-    # chunk 16 at spans 32 and 64, one token at 32, each for 1, 2 and 3 rows (3 slots); decode
-    # at both spans, x2 filtering; copies at both
-    assert len(programs) == 2 * (3 * (2 + 1) + 2) + 2
+    # chunk 16 at spans 32 and 64, one token at 32, decode at both, x2 filtering; copies at both
+    assert len(programs) == 2 * (2 + 1 + 2) + 2
     assert warmed.warm() == len(programs)
     assert warmed.stats == make_engine(params).stats and not warmed.busy
 
-    jitted = (engine_mod._prefill, engine_mod._decode, engine_mod._copy_prefix)
+    jitted = (engine_mod._prefill_chunk, engine_mod._decode, engine_mod._copy_prefix)
     entries = [f._cache_size() for f in jitted]
     compiles = []
     listener = lambda event, secs, **_: compiles.append(event) if event == COMPILE else None  # noqa: E731
@@ -137,9 +136,8 @@ def test_prompts_ending_at_the_context_limit_dispatch_only_listed_programs(monke
             return jitted(*args, **kw)
         monkeypatch.setattr(engine_mod, name, call)
 
-    spy("_prefill", "prefill", lambda a, kw: dict(
-        rows=a[4].shape[0], chunk=a[4].shape[1], span=kw["span"],
-        filtering=int(kw["filtering"])))
+    spy("_prefill_chunk", "prefill", lambda a, kw: dict(
+        chunk=len(a[4]), span=kw["span"], filtering=int(kw["filtering"])))
     spy("_decode", "decode", lambda a, kw: dict(span=kw["span"], steps=kw["n_steps"],
                                                 filtering=int(kw["filtering"])))
     spy("_copy_prefix", "copy", lambda a, kw: dict(span=kw["span"]))
@@ -166,9 +164,8 @@ def test_prompts_ending_at_the_context_limit_dispatch_only_listed_programs(monke
 def test_program_counts_of_the_trainer_and_serve_defaults():
     """Counted from the rules of `ContinuousEngine.programs`: S buckets 32 * 2^k below max_len,
     and max_len; prefill at each bucketed chunk size (16 * 2^k below prefill_chunk = 512, and
-    512) at each S bucket >= the chunk's own, plus one-token chunks at S = 32, each for 1, 2, 4
-    and 8 rows (prefill_rows, both engines having at least 8 slots); decode and prefix copy at
-    each S bucket; prefill and decode once per filter value."""
+    512) at each S bucket >= the chunk's own, plus one-token chunks at S = 32; decode and
+    prefix copy at each S bucket; prefill and decode once per filter value."""
     from orchestrax import registry
     from orchestrax.rollout.engine import needs_filtering
     from orchestrax.train.serve import ServeConfig
@@ -180,7 +177,7 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
         spans = [32 * 2**k for k in range(20) if 32 * 2**k < max_len] + [max_len]
         chunks = [16, 32, 64, 128, 256, 512]
         prefill = sum(1 for c in chunks for s in spans if s >= max(c, 32)) + 1
-        return filters * (4 * prefill + len(spans)) + len(spans)
+        return filters * (prefill + len(spans)) + len(spans)
 
     params = models.init_params(CFG, 1)
     train = TrainConfig(name="x", model=CFG)
@@ -189,15 +186,15 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
     filters = {needs_filtering([SamplingParams(temperature=r.temperature, top_k=r.top_k,
                                                top_p=r.top_p)], CFG.vocab_size)}
     # 24000: 11 S buckets (32 ... 16384, 24000); chunks 16 and 32 at all 11, 64 at 10, 128 at
-    # 9, 256 at 8, 512 at 7: 56 + 1 one-token, x4 row buckets; 11 decodes, 11 copies.
-    assert count(r.context_tokens, 1) == 4 * (56 + 1) + 11 + 11 == 250
-    assert len(trainer.engine.programs(filters)) == 250 and filters == {False}
+    # 9, 256 at 8, 512 at 7: 56 + 1 one-token; 11 decodes, 11 copies.
+    assert count(r.context_tokens, 1) == 56 + 1 + 11 + 11 == 79
+    assert len(trainer.engine.programs(filters)) == 79 and filters == {False}
 
     s = ServeConfig()
     serve = registry.build_sampler(SamplerConfig(
         backend="embedded", max_batch=s.max_batch, max_len=s.max_len,
         dispatch_reads=s.dispatch_reads), CFG, params)
-    # 4096: 8 S buckets; chunks 16 and 32 at 8, 64 at 7, 128 at 6, 256 at 5, 512 at 4: 38 + 1,
-    # x4 row buckets; both filter values: 2 x (4 x 39 + 8 decodes) + 8 copies.
-    assert count(s.max_len, 2) == 2 * (4 * 39 + 8) + 8 == 336
-    assert len(serve.engine.programs()) == 336
+    # 4096: 8 S buckets; chunks 16 and 32 at 8, 64 at 7, 128 at 6, 256 at 5, 512 at 4: 38 + 1;
+    # both filter values: 2 x (39 + 8 decodes) + 8 copies.
+    assert count(s.max_len, 2) == 2 * (39 + 8) + 8 == 102
+    assert len(serve.engine.programs()) == 102

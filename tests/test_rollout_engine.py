@@ -121,41 +121,6 @@ def test_mixed_temperatures_and_seeds_reproducible_per_row(params):
         greedy[1].output_ids != together[3].output_ids
 
 
-def test_requests_arriving_together_prefill_their_chunks_in_shared_dispatches(params,
-                                                                            monkeypatch):
-    calls = []
-    batched = engine_mod._prefill
-
-    def prefill(cfg, params, s, slot_P, ids_PC, *rest, **kw):
-        calls.append(ids_PC.shape)
-        return batched(cfg, params, s, slot_P, ids_PC, *rest, **kw)
-    monkeypatch.setattr(engine_mod, "_prefill", prefill)
-    # Chunks of 32 from min_chunk 16: prompts of 5 and 9 tokens are one 16-token chunk, 20 and
-    # 30 one 32-token chunk, 40 two and 70 three; greedy rows, seeded T = 1 ones, one top-k.
-    reqs = [req(5, 40, new=6), req(20, 41, new=6, t=1.0, sampling_seed=1),
-            req(40, 42, new=6), req(9, 43, new=6, t=1.0, sampling_seed=2),
-            req(70, 44, new=6),
-            GenerateRequest(input_ids=prompt(30, 45), sampling=SamplingParams(
-                temperature=1.0, top_k=5, max_new_tokens=6, sampling_seed=3))]
-    eng = ContinuousEngine(CFG, params, max_batch=8, max_len=128, prefill_chunk=32)
-    together = eng.generate(reqs)
-    # Step 1: the two 16-token chunks in one dispatch, the four first 32-token chunks in
-    # another; step 2: the second chunks of the 40- and 70-token prompts; step 3: the last.
-    assert calls == [(2, 16), (4, 32), (2, 32), (1, 32)]
-    assert eng.stats["prefill_chunks"] == 9 and eng.stats["prefill_dispatches"] == 4
-    assert eng.stats["prefill_tokens"] == sum(len(r.input_ids) for r in reqs)
-    for r, got in zip(reqs, together):
-        alone = ContinuousEngine(CFG, params, max_batch=1, max_len=128,
-                                 prefill_chunk=32).generate([r])[0]
-        assert got.output_ids == alone.output_ids and len(got.output_ids) == 6
-        np.testing.assert_allclose(got.logprobs, alone.logprobs, atol=1e-5, rtol=0)
-        if r.sampling.temperature == 0:
-            greedy_reference(params, r, got.output_ids)
-        np.testing.assert_allclose(
-            got.logprobs, full_forward_logp(params, r, got.output_ids,
-                                            r.sampling.temperature or 1.0), atol=1e-5, rtol=0)
-
-
 def test_request_arriving_mid_decode_finishes_before_the_longest_row(params):
     eng = ContinuousEngine(CFG, params, max_batch=2, max_len=96, prefill_chunk=16)
     long_rid = eng.submit(req(10, 30, new=40, rid="long"))
@@ -307,11 +272,9 @@ def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucke
         chex.assert_max_traces(engine_mod._decode_impl, n=3), ("cfg", "n_steps", "n_top",
                                                                 "span", "filtering")))
     # Prompts of 3..70 tokens in 32-token chunks: (chunk, span) buckets (16, 32) for the short
-    # ones, (32, 32), (32, 64), (32, 128) for the chunks of the long ones, each at most at the
-    # three row buckets of 3 slots (1, 2, 3 rows a dispatch): at most 12 prefill traces.
-    monkeypatch.setattr(engine_mod, "_prefill", engine_mod._jit(
-        chex.assert_max_traces(engine_mod._prefill_impl, n=12), ("cfg", "n_top", "span",
-                                                                  "filtering")))
+    # ones, (32, 32), (32, 64), (32, 128) for the chunks of the long ones: four prefill traces.
+    monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
+        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=4), ("cfg", "n_top", "span", "filtering")))
     eng = ContinuousEngine(cfg, p, max_batch=3, max_len=128, prefill_chunk=32)
     results = []
     for i, (n, new) in enumerate([(3, 5), (70, 9), (16, 2), (31, 11), (12, 1), (50, 4)]):
@@ -447,14 +410,13 @@ def test_slot_cache_splits_its_kv_heads_over_the_params_mesh_with_the_same_sampl
     keep = np.ones((4,), np.bool_)
     decode = engine_mod._decode.lower(cfg, split, state, keep, keep, n_steps=2, n_top=0,
                                       span=64, filtering=True).compile()
-    settings = jax.tree.map(lambda x: None if x is None else np.zeros((2,) + x.shape[1:],
+    settings = jax.tree.map(lambda x: None if x is None else np.zeros((1,) + x.shape[1:],
                                                                       x.dtype),
                             state._replace(k=None, v=None))
-    i, on = np.zeros((2,), np.int32), np.ones((2,), np.bool_)
-    prefill = engine_mod._prefill.lower(
-        cfg, split, state, np.arange(2, dtype=np.int32), np.zeros((2, 16), np.int32),
-        np.ones((2, 16), np.bool_), i, i, on, on, on, settings, n_top=0, span=64,
-        filtering=True).compile()
+    i = np.int32(0)
+    prefill = engine_mod._prefill_chunk.lower(
+        cfg, split, state, i, np.zeros((16,), np.int32), np.ones((16,), np.bool_), i, i,
+        np.bool_(True), np.bool_(True), settings, n_top=0, span=64, filtering=True).compile()
     for compiled in (decode, prefill):
         sizes = _collective_bytes(compiled.as_text())
         assert sizes and max(sizes) < layer_slot / 8, sizes
@@ -537,13 +499,14 @@ def test_a_decode_step_asks_the_host_nothing(params):
     settings = jax.tree.map(lambda x: None if x is None else np.zeros((1,) + x.shape[1:],
                                                                       x.dtype),
                             eng._state._replace(k=None, v=None))
-    i, on = np.zeros((1,), np.int32), np.ones((1,), np.bool_)
+    i = np.int32(0)
     for filtering in (False, True):
         decode = engine_mod._decode.lower(CFG, params, eng._state, keep, keep, n_steps=2,
                                           n_top=0, span=32, filtering=filtering)
-        prefill = engine_mod._prefill.lower(
-            CFG, params, eng._state, i, np.zeros((1, 16), np.int32), np.ones((1, 16), np.bool_),
-            i, i, on, on, on, settings, n_top=0, span=32, filtering=filtering)
+        prefill = engine_mod._prefill_chunk.lower(
+            CFG, params, eng._state, i, np.zeros((16,), np.int32), np.ones((16,), np.bool_), i,
+            i, np.bool_(True), np.bool_(True), settings, n_top=0, span=32,
+            filtering=filtering)
         for lowered in (decode, prefill):
             text = lowered.compile().as_text()
             assert not re.search(r"\bconditional\(", text)

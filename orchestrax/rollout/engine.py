@@ -20,9 +20,7 @@ bandwidth, is what limits the slot count.
 
 The model's blocks run under `models.forward_slots`: each row writes at its own index and
 positions continue from its own count of real tokens. Exactly two jitted functions run:
-`_prefill` (one compile per row bucket and chunk-size bucket: the equal-sized chunks of up to
-`prefill_rows` prefilling slots go in one dispatch, which reads the weights once for all of
-them) and `_decode` (one compile per S bucket:
+`_prefill_chunk` (one compile per chunk-size bucket) and `_decode` (one compile per S bucket:
 it reads and writes only the first `span` positions of every slot, the smallest power-of-two
 bucket that holds the longest occupied row), asserted by tests with `chex.assert_max_traces`;
 each twice at most, with and without the top-k/top-p sort, as the host knows from the rows
@@ -30,7 +28,7 @@ it dispatches (`filtering`).
 
 On several devices the state lives on the params' mesh (`state_shardings`): the cache's kv
 heads split over the axes that split the params, slots and everything else whole. Each device
-then attends over its own heads of every slot, a prefill's slot writes stay on the devices
+then attends over its own heads of every slot, a prefill's one-slot write stays on the devices
 that hold it, and a step exchanges only activations (no collective moves cache; the tests and
 bench/gpu_compile.py read this from the compiled HLO).
 
@@ -243,64 +241,52 @@ def _sample(logits_RV, s: SlotState, step_R, n_top: int, filtering: bool):
                        filtering=filtering)
 
 
-def _prefill_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot_P: jax.Array,
-                  ids_PC: jax.Array, valid_PC: jax.Array, index_P: jax.Array, keep_P: jax.Array,
-                  first_P: jax.Array, last_P: jax.Array, use_P: jax.Array, settings: SlotState,
-                  *, n_top: int, span: int, filtering: bool):
-    """Write one prompt chunk into each of P distinct slots `slot_P` in one pass: row p's chunk
-    at position index_P[p], attending to the slot's first `span` positions; the slot's mask is
-    first cut to positions < keep_P[p] (a reused prefix, or all but nothing on a fresh row).
-    `first_P` installs row p of `settings` (a P-row SlotState of sampling fields), `last_P`
-    samples the row's first token and makes it live. Rows with use_P False pad the pass to its
-    bucket: their slots are read and written back unchanged. Returns (state, token [P],
-    logprob [P], top ids [P, K], top logprobs [P, K], done [P])."""
-    p_rows, c = ids_PC.shape
+def _take_row(s: SlotState, slot) -> SlotState:
+    """Row `slot` of every per-row field (keeping a leading axis of 1), for one-row sampling."""
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0),
+                        s._replace(k=None, v=None))
+
+
+def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot: jax.Array,
+                        ids_C: jax.Array, valid_C: jax.Array, index: jax.Array, keep: jax.Array,
+                        first: jax.Array, last: jax.Array, settings: SlotState, *, n_top: int,
+                        span: int, filtering: bool):
+    """Write one prompt chunk into `slot` at position `index`, attending to its first `span`
+    positions; the slot's mask is first cut to positions < `keep` (a reused prefix, or all
+    but nothing on a fresh row). `first` installs `settings` (a one-row SlotState of sampling
+    fields), `last` samples the row's first token and makes it live. Returns (state, token,
+    logprob, top ids [K], top logprobs [K], done)."""
     pos_S = jnp.arange(s.mask_RS.shape[1])
-    mask_PS = s.mask_RS[slot_P]
-    cut_PS = mask_PS & (pos_S[None] < keep_P[:, None])
-    # Each row's first `span` positions are filled on their own and written back in place (the
-    # other rows' caches are not the pass's business); one slice per row, as a one-row pass.
-    rows = lambda xs: tuple(jnp.concatenate([  # noqa: E731
-        jax.lax.dynamic_slice_in_dim(x, slot_P[p], 1, axis=0)[:, :, :span]
-        for p in range(p_rows)]) for x in xs)
-
-    def put_rows(xs, olds, news):
-        out = []
-        for x, old, new in zip(xs, olds, news):
-            new = jnp.where(use_P[:, None, None, None], new, old)
-            for p in range(p_rows):
-                x = jax.lax.dynamic_update_slice(x, new[p:p + 1], (slot_P[p], 0, 0, 0))
-            out.append(x)
-        return tuple(out)
-    k_old, v_old = rows(s.k), rows(s.v)
-    logits_PV, c_out = models.forward_slots(
-        cfg, params, ids_PC, valid_PC, models.SlotCache(k_old, v_old, cut_PS[:, :span]),
-        index_P, span=span)
-    new_mask_PS = jnp.where(use_P[:, None], cut_PS.at[:, :span].set(c_out.mask_RS), mask_PS)
-    s = s._replace(k=put_rows(s.k, k_old, c_out.k), v=put_rows(s.v, v_old, c_out.v),
-                   mask_RS=s.mask_RS.at[slot_P].set(new_mask_PS))
-    install_P = first_P & use_P
-
-    def put(full, rows_P):
-        on = install_P.reshape((p_rows,) + (1,) * (full.ndim - 1))
-        return full.at[slot_P].set(jnp.where(on, rows_P, full[slot_P]))
+    s = s._replace(mask_RS=s.mask_RS.at[slot].set(s.mask_RS[slot] & (pos_S < keep)))
+    # The row's first `span` positions are filled on their own and written back in place (the
+    # other rows' caches are not the pass's business).
+    row = lambda xs: tuple(  # noqa: E731
+        jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)[:, :, :span] for x in xs)
+    put_row = lambda xs, rows: tuple(  # noqa: E731
+        jax.lax.dynamic_update_slice(x, r, (slot, 0, 0, 0)) for x, r in zip(xs, rows))
+    one = models.SlotCache(row(s.k), row(s.v),
+                           jax.lax.dynamic_slice_in_dim(s.mask_RS, slot, 1)[:, :span])
+    logits_1V, c = models.forward_slots(cfg, params, ids_C[None], valid_C[None], one,
+                                        index[None], span=span)
+    c = models.SlotCache(put_row(s.k, c.k), put_row(s.v, c.v),
+                         jax.lax.dynamic_update_slice(s.mask_RS, c.mask_RS, (slot, 0)))
+    put = lambda full, row: jnp.where(first, full.at[slot].set(row[0]), full)
     s = s._replace(**{f: put(getattr(s, f), getattr(settings, f)) for f in (
         "temperature_R", "top_k_R", "top_p_R", "seed_R", "max_new_R", "stop_RX", "presence_R",
         "frequency_R")})
-    s = s._replace(counts_RV=put(s.counts_RV, jnp.zeros_like(s.counts_RV[slot_P])))
-    row = jax.tree.map(lambda x: x[slot_P], s._replace(k=None, v=None))
-    token_P, logprob_P, top_ids, top_lp = _sample(logits_PV, row, jnp.zeros((p_rows,), jnp.int32),
-                                                  n_top, filtering)
-    done_P = jnp.any(token_P[:, None] == row.stop_RX, axis=-1) | (row.max_new_R <= 1)
-    ended_P = last_P & use_P
-    at = lambda new, old: old.at[slot_P].set(jnp.where(use_P, new, old[slot_P]))  # noqa: E731
+    s = s._replace(counts_RV=jnp.where(first, s.counts_RV.at[slot].set(0), s.counts_RV))
+    row = _take_row(s, slot)
+    token, logprob, top_ids, top_lp = _sample(logits_1V, row, jnp.zeros((1,), jnp.int32),
+                                              n_top, filtering)
+    token, logprob = token[0], logprob[0]
+    done = jnp.any(token == row.stop_RX[0]) | (row.max_new_R[0] <= 1)
     s = s._replace(
-        index_R=at(index_P + c, s.index_R),
-        token_R=at(jnp.where(last_P, token_P, row.token_R), s.token_R),
-        length_R=at(jnp.where(last_P, 1, 0), s.length_R),
-        live_R=at(last_P & ~done_P, s.live_R),
-        counts_RV=s.counts_RV.at[slot_P, token_P].add(ended_P.astype(jnp.int32)))
-    return s, token_P, logprob_P, top_ids, top_lp, done_P
+        k=c.k, v=c.v, mask_RS=c.mask_RS, index_R=s.index_R.at[slot].set(index + ids_C.shape[0]),
+        token_R=s.token_R.at[slot].set(jnp.where(last, token, s.token_R[slot])),
+        length_R=s.length_R.at[slot].set(jnp.where(last, 1, 0)),
+        live_R=s.live_R.at[slot].set(last & ~done),
+        counts_RV=jnp.where(last, s.counts_RV.at[slot, token].add(1), s.counts_RV))
+    return s, token, logprob, top_ids[0], top_lp[0], done
 
 
 def _copy_prefix_impl(s: SlotState, src: jax.Array, dst: jax.Array, n: jax.Array, *,
@@ -361,7 +347,7 @@ def _jit(impl, static):
     return jax.jit(impl, static_argnames=static, donate_argnames=("s",))
 
 
-_prefill = _jit(_prefill_impl, ("cfg", "n_top", "span", "filtering"))
+_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top", "span", "filtering"))
 _decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top", "span", "filtering"))
 _copy_prefix = _jit(_copy_prefix_impl, ("span",))
 
@@ -413,23 +399,6 @@ class _Job:
         return sum(size - back for size, back in self.chunks[:self.next_chunk])
 
 
-class _Chunk(NamedTuple):
-    """One job's next prefill chunk, planned on the host: `ids`/`valid` written from position
-    `index - back` (its first `back` re-fed, `_chunking`)."""
-    ids: np.ndarray
-    valid: np.ndarray
-    index: int
-    back: int
-    first: bool
-    last: bool
-    settings: SlotState
-
-
-def _stack(rows: Sequence[SlotState]) -> SlotState:
-    """One-row SlotStates of sampling fields -> one with a row each."""
-    return jax.tree.map(lambda *xs: np.concatenate(xs), *rows)
-
-
 @dataclasses.dataclass(eq=False)
 class _Content:
     """What one slot's cache holds, on the host: real token ids in order and the position of
@@ -454,8 +423,7 @@ class ContinuousEngine:
     """Continuous batching over `max_batch` slots of `max_len` positions.
 
     Synchronous and single-threaded: `submit` queues, `step` admits queued requests into free
-    slots, runs one prefill chunk per prefilling slot (those of equal size in dispatches of up
-    to `prefill_rows` rows) and one decode dispatch (`decode_steps`
+    slots, runs one prefill chunk per prefilling slot and one decode dispatch (`decode_steps`
     steps; fewer at long spans when `dispatch_reads` is set, see `steps_at`), and returns the
     requests that finished; `run` steps until idle. An async server drives `step` from its own
     loop (`rollout.embedded.ContinuousSampler`). `on_tokens(rid, new_ids, new_logprobs,
@@ -476,8 +444,7 @@ class ContinuousEngine:
     (another `params` object or `weight_version`) make every kept prefix stale.
     `stats["prefill_tokens"]` counts prompt tokens computed (not those a chunk re-feeds,
     `_chunking`), `stats["cached_tokens"]` those reused, and each result's `cached_tokens` its
-    own; `stats["prefill_chunks"]` counts chunks, one per row and step, and
-    `stats["prefill_dispatches"]` the `_prefill` dispatches that wrote them.
+    own.
 
     The slot cache is allocated by the first step after the engine was idle; `release` drops
     it (and the prefix cache) while idle. `params` and `weight_version` may be replaced
@@ -489,11 +456,10 @@ class ContinuousEngine:
                  max_len: int = 4096, prefill_chunk: int = 512, decode_steps: int = 1,
                  top_logprobs: int = 0, min_chunk: int = 16, seed: int = 0,
                  weight_version: str = "0", prefix_cache: bool = True,
-                 dispatch_reads: int | None = None, prefill_rows: int = 8):
+                 dispatch_reads: int | None = None):
         for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
                                 ("prefill_chunk", prefill_chunk, 1),
-                                ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1),
-                                ("prefill_rows", prefill_rows, 1)):
+                                ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1)):
             if value < lo:
                 raise ValueError(f"ContinuousEngine.{name}={value}; must be >= {lo}")
         if dispatch_reads is not None and dispatch_reads < 1:
@@ -507,7 +473,6 @@ class ContinuousEngine:
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
         self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
         self.prefix_cache, self.dispatch_reads = prefix_cache, dispatch_reads
-        self.prefill_rows = prefill_rows
         self._rng = np.random.default_rng(seed)
         self._state: SlotState | None = None
         self._queue: list[_Job] = []
@@ -518,8 +483,7 @@ class ContinuousEngine:
         self._next_rid = 0
         # (rid, exception) of the requests the last step dropped; the others went on
         self.failures: list[tuple[str, Exception]] = []
-        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "prefill_dispatches": 0,
-                      "tokens": 0,
+        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "tokens": 0,
                       "prefill_tokens": 0, "cached_tokens": 0, "prefix_copies": 0}
 
     # --- public API ----------------------------------------------------------------------------
@@ -598,10 +562,9 @@ class ContinuousEngine:
             c.clear()
 
     def step(self, hold: Collection[str] = ()) -> list[GenerateResult]:
-        """Admit, prefill one chunk per prefilling slot (`_prefill_all`), decode once; the
-        results that finished in this step. Rows of the rids in `hold` neither prefill nor
-        decode: they keep their state and cost the step nothing (the decode span is the running
-        rows')."""
+        """Admit, prefill one chunk per prefilling slot, decode once; the results that
+        finished in this step. Rows of the rids in `hold` neither prefill nor decode: they keep
+        their state and cost the step nothing (the decode span is the running rows')."""
         finished: list[GenerateResult] = []
         self._steps += 1
         if self._epoch_of[0] is not self.params or self._epoch_of[1] != self.weight_version:
@@ -612,8 +575,12 @@ class ContinuousEngine:
                                      params_mesh(self.params))
         self.failures = []
         self._admit()
-        self._prefill_all([j for j in self._slots
-                           if j is not None and j.prefilling and j.rid not in hold], finished)
+        for job in self._slots:
+            if job is not None and job.prefilling and job.rid not in hold:
+                try:
+                    self._prefill(job, finished)
+                except Exception as e:
+                    self._drop(job, e)
         if any(j is not None and not j.prefilling and j.rid not in hold for j in self._slots):
             self._decode_once(finished, hold)
         return finished
@@ -630,10 +597,10 @@ class ContinuousEngine:
     def programs(self, filtering: Collection[bool] = (False, True)
                  ) -> list[tuple[str, dict[str, int]]]:
         """Every program a step of this engine can dispatch, as (jitted function, its shapes):
-        `_prefill` for each row bucket (`_row_buckets`) and chunk size `_chunking` can plan
-        (`prefill_chunk` and the power-of-two buckets from `min_chunk` below it) at each S
-        bucket that holds it (a later chunk, or one after a reused prefix, reads up to
-        `max_len`), and with one token at the smallest S bucket; `_decode` at each S bucket with its `steps_at` steps;
+        `_prefill_chunk` for each chunk size `_chunking` can plan (`prefill_chunk` and the
+        power-of-two buckets from `min_chunk` below it) at each S bucket that holds it (a
+        later chunk, or one after a reused prefix, reads up to `max_len`), and with one token
+        at the smallest S bucket; `_decode` at each S bucket with its `steps_at` steps;
         `_copy_prefix` at each S bucket when the prefix cache is on. Each of the first two once
         per value of `filtering` that requests can need (both, unless every request samples
         alike)."""
@@ -651,8 +618,7 @@ class ContinuousEngine:
             prefills.insert(0, (1, spans[0]))
         out = []
         for f in filtering:
-            out += [("prefill", dict(rows=p, chunk=c, span=b, filtering=int(f)))
-                    for p in self._row_buckets() for c, b in prefills]
+            out += [("prefill", dict(chunk=c, span=b, filtering=int(f))) for c, b in prefills]
             out += [("decode", dict(span=b, steps=self.steps_at(b), filtering=int(f)))
                     for b in spans if b >= self._bucket(self.decode_steps)]
         if self.prefix_cache:
@@ -678,13 +644,11 @@ class ContinuousEngine:
         programs = self.programs(filtering)
         for kind, shape in programs:
             if kind == "prefill":
-                p, c = shape["rows"], shape["chunk"]
-                on = np.ones((p,), np.bool_)
-                s, *_ = _prefill(
-                    self.cfg, self.params, s, np.arange(p, dtype=np.int32),
-                    np.zeros((p, c), np.int32), np.ones((p, c), np.bool_),
-                    np.zeros((p,), np.int32), np.zeros((p,), np.int32), on, on, on,
-                    _stack([settings] * p), n_top=self.top_logprobs, span=shape["span"],
+                c = shape["chunk"]
+                s, *_ = _prefill_chunk(
+                    self.cfg, self.params, s, np.int32(0), np.zeros((c,), np.int32),
+                    np.ones((c,), np.bool_), np.int32(0), np.int32(0), np.bool_(True),
+                    np.bool_(True), settings, n_top=self.top_logprobs, span=shape["span"],
                     filtering=bool(shape["filtering"]))
             elif kind == "decode":
                 s, _ = _decode(self.cfg, self.params, s, rows, rows, n_steps=shape["steps"],
@@ -894,92 +858,33 @@ class ContinuousEngine:
     def _filtering(self, jobs: list[_Job]) -> bool:
         return needs_filtering([j.request.sampling for j in jobs], self.cfg.vocab_size)
 
-    def _row_buckets(self) -> list[int]:
-        """Row counts P of a prefill dispatch: powers of two below `prefill_rows` (capped at
-        `max_batch`), and that cap."""
-        cap, out = min(self.prefill_rows, self.max_batch), [1]
-        while out[-1] < cap:
-            out.append(min(2 * out[-1], cap))
-        return out
-
-    def _prefill_all(self, jobs: list[_Job], finished: list[GenerateResult]) -> None:
-        """The next chunk of each job, in one dispatch per chunk size and `prefill_rows` rows
-        (padded to a row bucket with free of the step's slots, written back unchanged): each
-        dispatch reads the weights once for all its rows. A job whose chunk cannot be planned
-        is dropped alone; a failed dispatch drops its rows."""
-        planned: dict[int, list[tuple[_Job, _Chunk]]] = {}
-        for job in jobs:
-            try:
-                chunk = self._plan_chunk(job)
-            except Exception as e:
-                self._drop(job, e)
-                continue
-            planned.setdefault(len(chunk.ids), []).append((job, chunk))
-        cap = min(self.prefill_rows, self.max_batch)
-        for size in sorted(planned):
-            group = planned[size]
-            for lo in range(0, len(group), cap):
-                self._prefill_rows(group[lo:lo + cap], finished)
-
-    def _plan_chunk(self, job: _Job) -> _Chunk:
+    def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
         i, (size, back), at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
+        first, last = i == 0, i + 1 == len(job.chunks)
         index = job.start + at       # the chunk's first new position; it starts `back` before
         ids = job.padded_ids[at:at + size - back]
         valid = job.padded_valid[at:at + size - back]
         if back:
             held_ids, held_valid = self._held(job.slot, index - back, index)
             ids, valid = np.concatenate([held_ids, ids]), np.concatenate([held_valid, valid])
-        return _Chunk(ids=ids, valid=valid, index=index, back=back, first=i == 0,
-                      last=i + 1 == len(job.chunks), settings=self._settings(job))
-
-    def _prefill_rows(self, rows: list[tuple[_Job, _Chunk]],
-                      finished: list[GenerateResult]) -> None:
-        """One `_prefill` dispatch of equal-sized chunks of distinct slots."""
-        p = bucket(len(rows), lo=1, hi=min(self.prefill_rows, self.max_batch))
-        mine = {job.slot for job, _ in rows}
-        pad = [s for s in range(self.max_batch) if s not in mine][:p - len(rows)]
-        chunks = [c for _, c in rows] + [rows[0][1]] * len(pad)
-        try:
-            self._state, token, logprob, top_ids, top_lp, done = _prefill(
-                self.cfg, self.params, self._state,
-                np.asarray([job.slot for job, _ in rows] + pad, np.int32),
-                np.stack([c.ids for c in chunks]), np.stack([c.valid for c in chunks]),
-                np.asarray([c.index - c.back for c in chunks], np.int32),
-                np.asarray([c.index - c.back for c in chunks], np.int32),
-                np.asarray([c.first for c in chunks]), np.asarray([c.last for c in chunks]),
-                np.arange(p) < len(rows), _stack([c.settings for c in chunks]),
-                n_top=self.top_logprobs,
-                span=max(self._bucket(c.index - c.back + len(c.ids)) for c in chunks),
-                filtering=self._filtering([job for job, _ in rows]))
-        except Exception as e:
-            for job, _ in rows:
-                self._drop(job, e)
-            return
-        self.stats["prefill_dispatches"] += 1
-        # Only rows on their last chunk sampled a token the host needs.
-        sampled = (jax.device_get((token, logprob, top_ids, top_lp, done))
-                   if any(c.last for _, c in rows) else None)
-        for r, (job, chunk) in enumerate(rows):
-            try:
-                self._prefilled(job, chunk, sampled and tuple(x[r] for x in sampled), finished)
-            except Exception as e:   # this row's host work: the others' chunks still count
-                self._drop(job, e)
-
-    def _prefilled(self, job: _Job, chunk: _Chunk, sampled, finished: list[GenerateResult]
-                   ) -> None:
-        """Record one chunk of `job` written (and its first token, on its last chunk)."""
+        self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
+            self.cfg, self.params, self._state, np.int32(job.slot), ids, valid,
+            np.int32(index - back), np.int32(index - back), np.bool_(first), np.bool_(last),
+            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index - back + size),
+            filtering=self._filtering([job]))
         job.next_chunk += 1
         content = self._content[job.slot]
-        real = np.flatnonzero(chunk.valid[chunk.back:])
-        content.ids += chunk.ids[chunk.back:][real].tolist()
-        content.pos += (chunk.index + real).tolist()
+        real = np.flatnonzero(valid[back:])
+        content.ids += ids[back:][real].tolist()
+        content.pos += (index + real).tolist()
         self.stats["prefill_chunks"] += 1
         self.stats["prefill_tokens"] += len(real)
-        if chunk.first:
+        if first:
             self.stats["cached_tokens"] += job.cached
-        if not chunk.last:
+        if not last:
             return
-        token, logprob, top_ids, top_lp, done = sampled
+        token, logprob, top_ids, top_lp, done = jax.device_get(
+            (token, logprob, top_ids, top_lp, done))
         stopped = int(token) in job.request.sampling.stop_token_ids
         self._record(job, [int(token)], [float(logprob)], top_ids[None], top_lp[None],
                      "stop" if stopped else "length" if bool(done) else None, finished)
