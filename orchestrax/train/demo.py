@@ -41,7 +41,7 @@ from orchestrax.agent import chat
 from orchestrax.agent.codec import Codec
 from orchestrax.agent.episode import prompt_messages
 from orchestrax.checks import check_fields
-from orchestrax.train import plots, setup
+from orchestrax.train import console, plots, setup
 from orchestrax.train.checkpoint import load_model
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.loop import train
@@ -169,8 +169,8 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], cfg: TrainConf
     for label, row, ev in rows:
         adh = ev["adherence"]
         lines.append(
-            f"{label:24s}{_cell(row.get('env/preferred_share_cost'), 12)}"
-            f"{_cell(row.get('env/preferred_share_latency'), 14)}"
+            f"{label:24s}{_cell(row.get(console.PREFERRED_SHARE + 'cost'), 12)}"
+            f"{_cell(row.get(console.PREFERRED_SHARE + 'latency'), 14)}"
             f"{_cell(row['rollout/accuracy'], 9)}{_cell(ev['share']['cost'], 13)}"
             f"{_cell(ev['share']['latency'], 8)}{_cell(ev['accuracy'], 9)}"
             f"{_cell(adh, 10, '.3f')}")

@@ -8,6 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from orchestrax.train import console
+
 # (title, phase -> row key); a panel is drawn only when some row has one of its keys.
 PANELS = (("SFT loss", {"sft": "train/loss"}),
           ("reward", {"rl": "rollout/reward_mean"}),
@@ -96,7 +98,7 @@ def plot_preference_shares(metrics: pathlib.Path, kinds: Sequence[str],
     rows = _rows(metrics)
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, kind in enumerate(kinds):
-        key = f"env/preferred_share_{kind}"
+        key = console.PREFERRED_SHARE + kind
         for phase, style in (("rl", ".-"), ("eval", "o")):
             got = [r for r in rows if r["phase"] == phase and key in r]
             ax.plot([r["step"] for r in got], [r[key] for r in got], style, color=f"C{i}",
