@@ -17,9 +17,10 @@ from orchestrax.models.attention import attention
 
 
 def materialised_attention(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset=0,
-                           segment_ids_BT=None, fused=None):
+                           segment_ids_BT=None, fused=None, right_padded=False):
     """The model's attention before 2026-12-01 (main at 0d33131), with its [B, T, S] mask made
-    from the same (kv_valid, q_offset) description, plus same-segment when segments are given."""
+    from the same (kv_valid, q_offset) description, plus same-segment when segments are given
+    (`fused` and `right_padded`, the model's arguments, change nothing here)."""
     b, t, n, h = q_BTNH.shape
     s, kh = k_BSKH.shape[1], k_BSKH.shape[2]
     causal_TS = jnp.arange(s)[None, :] <= q_offset + jnp.arange(t)[:, None]
@@ -100,6 +101,28 @@ def test_fused_kernel_only_for_right_padding():
         got = jax.jit(functools.partial(attention, fused="xla"))(q, k, v, valid)
         assert max_diff_on(valid, got, materialised_attention(q, k, v, valid)) <= 1e-5
         assert np.all(np.isfinite(np.asarray(got)))
+
+
+def test_right_padded_claim_runs_the_fused_kernel_with_no_conditional():
+    """`right_padded=True` is the caller's word that every row is right-padded: the fused kernel
+    runs with no run-time layout check (a `cond`, on XLA:GPU a host read of its predicate), with
+    the values and gradients of the checked path. A false word lets real queries see left
+    padding, which is why callers check their rows on the host."""
+    q, k, v = qkv()
+    right = np.arange(13)[None] < np.array([[13], [7], [0]])
+    checked = functools.partial(attention, fused="xla")
+    claimed = functools.partial(attention, fused="xla", right_padded=True)
+    np.testing.assert_allclose(np.asarray(jax.jit(claimed)(q, k, v, right)),
+                               np.asarray(jax.jit(checked)(q, k, v, right)), atol=1e-6, rtol=0)
+    assert_same_gradients(claimed, checked, q, k, v, right)
+
+    def prims(f):
+        loss = lambda q, k, v: jnp.sum(f(q, k, v, right))  # noqa: E731
+        return _primitives(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+    assert "cond" in prims(checked)           # the measure can tell
+    assert "cond" not in prims(claimed)
+    left = padded(3, 13)
+    assert max_diff_on(left, claimed(q, k, v, left), materialised_attention(q, k, v, left)) > 1e-2
 
 
 def packed_segments():

@@ -28,7 +28,8 @@ def value_and_grad_into(cfg: ModelConfig, loss_fn: Callable, params: Params, acc
                         tokens_BT: jax.Array, attention_mask_BT: jax.Array | None = None, *,
                         temperature: float = 1.0, return_entropy: bool = False,
                         chunk_size: int | None = None, segment_ids_BT: jax.Array | None = None,
-                        positions_BT: jax.Array | None = None) -> tuple[Params, tuple]:
+                        positions_BT: jax.Array | None = None,
+                        right_padded: bool = False) -> tuple[Params, tuple]:
     """(acc + d loss / d params, (loss, aux)) where `loss, aux = loss_fn(logp, entropy)` and
     logp, entropy (None without `return_entropy`) are `token_logprobs` of the same arguments.
     `acc` has the params' structure (any float dtype per leaf) and should be donated or carried."""
@@ -38,7 +39,8 @@ def value_and_grad_into(cfg: ModelConfig, loss_fn: Callable, params: Params, acc
     rest = {k: v for k, v in params.items() if k != "layers"}
 
     def block(x, lp):
-        return _block(cfg, x, lp, positions_BT, valid_BT, None, None, segment_ids_BT)[0]
+        return _block(cfg, x, lp, positions_BT, valid_BT, None, None, segment_ids_BT,
+                      right_padded)[0]
 
     def head(x_BTD, r):
         h = rms_norm(x_BTD, r["final_norm"], cfg.rms_norm_eps)

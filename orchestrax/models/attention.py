@@ -33,7 +33,7 @@ _NEG = -1e30  # masked scores: finite, so a row with no visible key yet never ma
 def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, kv_valid_BS: jax.Array,
               q_offset: jax.Array | int = 0, *, segment_ids_BT: jax.Array | None = None,
               block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-              fused: str | None = "auto") -> jax.Array:
+              fused: str | None = "auto", right_padded: bool = False) -> jax.Array:
     """Softmax(q·kᵀ/√H)·v under the causal, key-validity mask above; returns [B, T, N, H] in
     q's dtype. Scores and softmax are float32.
 
@@ -42,9 +42,12 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, kv_valid_
     has no segment argument).
 
     `fused` names a `jax.nn.dot_product_attention` implementation to use when the mask allows
-    it (no cache offset, no segments, and at run time every row right-padded); "auto" is cuDNN's
-    flash attention on GPU for 16-bit dtypes and nothing elsewhere; None always takes the
-    chunked path."""
+    it (no cache offset, no segments, and every row right-padded); "auto" is cuDNN's flash
+    attention on GPU for 16-bit dtypes and nothing elsewhere; None always takes the chunked
+    path. The layout is checked at run time (a `lax.cond`: on XLA:GPU a host read of its
+    predicate) unless `right_padded` says that every row of `kv_valid_BS` is right-padded (its
+    valid keys first); a false claim lets real queries see left padding, so make it only for
+    rows checked on the host (`rl.check_right_padded`)."""
     if segment_ids_BT is not None:
         _check_segments(segment_ids_BT, q_BTNH, k_BSKH, q_offset)
         return _chunked(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, q_offset, block_q, block_k,
@@ -53,6 +56,8 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, kv_valid_
         fused = "cudnn" if _cudnn_applies(q_BTNH) else None
     if fused is not None and isinstance(q_offset, int) and q_offset == 0 and (
             k_BSKH.shape[1] == q_BTNH.shape[1]):
+        if right_padded:
+            return _fused(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, fused)
         return _fused_if_right_padded(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, fused,
                                       functools.partial(attention, block_q=block_q,
                                                         block_k=block_k, fused=None))
@@ -79,21 +84,25 @@ def _cudnn_applies(q_BTNH: jax.Array) -> bool:
             and h % 8 == 0 and h <= 128)
 
 
+def _fused(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, implementation) -> jax.Array:
+    """The fused kernel on right-padded rows: causality alone hides the padding from every real
+    query, and the kernel takes the mask as lengths."""
+    lengths_B = jnp.sum(kv_valid_BS.astype(jnp.bool_), axis=1, dtype=jnp.int32)
+    # An all-padding row gets one visible key, so its (unused) outputs stay finite.
+    out = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, is_causal=True,
+                                       key_value_seq_lengths=jnp.maximum(lengths_B, 1),
+                                       implementation=implementation)
+    return out.astype(q_BTNH.dtype)
+
+
 def _fused_if_right_padded(q_BTNH, k_BSKH, v_BSKH, kv_valid_BS, implementation, chunked):
-    """With right padding (training batches), causality alone hides the padding from every real
-    query, and the fused kernel takes the mask as lengths; any other layout goes chunked."""
+    """`_fused` where every row is right-padded (training batches), checked at run time; any
+    other layout goes chunked."""
     s = k_BSKH.shape[1]
     valid = kv_valid_BS.astype(jnp.bool_)
     lengths_B = jnp.sum(valid, axis=1, dtype=jnp.int32)
     right_padded = jnp.all(valid == (jnp.arange(s)[None] < lengths_B[:, None]))
-
-    def fused(q, k, v, valid):
-        # An all-padding row gets one visible key, so its (unused) outputs stay finite.
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                           key_value_seq_lengths=jnp.maximum(lengths_B, 1),
-                                           implementation=implementation)
-        return out.astype(q.dtype)
-
+    fused = functools.partial(_fused, implementation=implementation)
     return jax.lax.cond(right_padded, fused, chunked, q_BTNH, k_BSKH, v_BSKH, valid)
 
 

@@ -48,15 +48,15 @@ def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
 
 
 def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, index=None,
-           segment_ids_BT=None):
+           segment_ids_BT=None, right_padded=False):
     """One decoder block. Without `kv`, query t sees keys s <= t; with `kv` (this layer's cache
     k, v), new keys/values are written at `index` and query t sees cache slots <= index + t.
     Either way only keys with `kv_valid_BS` count, and with `segment_ids_BT` only keys of the
-    query's own segment. Returns (x, (k, v))."""
+    query's own segment. `right_padded` as in `attention`. Returns (x, (k, v))."""
     w = jax.tree.map(lambda p: p.astype(jnp.dtype(cfg.dtype)), lp)
     with jax.named_scope("attention"):
         attn_BTD, new_kv = _self_attention(cfg, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index,
-                                           segment_ids_BT)
+                                           segment_ids_BT, right_padded)
     x_BTD = constrain(x_BTD + attn_BTD, ("batch", "seq", "act_embed"))
     with jax.named_scope("mlp"):
         h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
@@ -68,7 +68,7 @@ def _block(cfg: ModelConfig, x_BTD, lp, positions_BT, kv_valid_BS, kv=None, inde
 
 
 def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, kv, index,
-                    segment_ids_BT):
+                    segment_ids_BT, right_padded):
     dt = jnp.dtype(cfg.dtype)
     h_BTD = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
@@ -87,7 +87,8 @@ def _self_attention(cfg: ModelConfig, x_BTD, lp, w, positions_BT, kv_valid_BS, k
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
         q_offset, new_kv = index, (k, v)
     attn_BTNH = attention(q, k.astype(dt), v.astype(dt), kv_valid_BS, q_offset,
-                          segment_ids_BT=segment_ids_BT, fused=_FUSED[cfg.attention])
+                          segment_ids_BT=segment_ids_BT, fused=_FUSED[cfg.attention],
+                          right_padded=right_padded)
     return jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]), new_kv
 
 
@@ -100,13 +101,14 @@ _REMAT = {
 
 
 def _layers(cfg: ModelConfig, params: Params, x_BTD, positions_BT, kv_valid_BS, cache=None,
-            segment_ids_BT=None):
+            segment_ids_BT=None, right_padded=False):
     """Scan the stacked layers; threads the cache through the scan when given."""
     def body(x, xs):
         lp, kv = xs
         with jax.named_scope("block"):
             x, new_kv = _block(cfg, x, lp, positions_BT, kv_valid_BS, kv,
-                               None if cache is None else cache["index"], segment_ids_BT)
+                               None if cache is None else cache["index"], segment_ids_BT,
+                               right_padded)
         return x, (new_kv if cache is not None else None)
 
     if cfg.remat != "none":
@@ -170,16 +172,20 @@ def _valid_and_positions(input_ids_BT, attention_mask_BT, segment_ids_BT, positi
 def hidden_states(cfg: ModelConfig, params: Params, input_ids_BT: jax.Array,
                   attention_mask_BT: jax.Array | None = None, *,
                   segment_ids_BT: jax.Array | None = None,
-                  positions_BT: jax.Array | None = None) -> jax.Array:
+                  positions_BT: jax.Array | None = None,
+                  right_padded: bool = False) -> jax.Array:
     """Final-normed hidden states [B, T, D] in the compute dtype.
 
     Packed rows: `segment_ids_BT` (int, 0 = padding) keeps each token's attention inside its
     own segment and needs `positions_BT`; the attention mask then defaults to segment_ids > 0.
-    `positions_BT` alone overrides the positions counted from the attention mask."""
+    `positions_BT` alone overrides the positions counted from the attention mask.
+    `right_padded`: every row's real tokens come first (`attention`'s static claim; a false
+    one gives wrong attention, so check the mask on the host: `rl.check_right_padded`)."""
     valid_BT, positions_BT = _valid_and_positions(input_ids_BT, attention_mask_BT,
                                                   segment_ids_BT, positions_BT)
     x_BTD = _embed(cfg, params, input_ids_BT)
-    x, _ = _layers(cfg, params, x_BTD, positions_BT, valid_BT, segment_ids_BT=segment_ids_BT)
+    x, _ = _layers(cfg, params, x_BTD, positions_BT, valid_BT, segment_ids_BT=segment_ids_BT,
+                   right_padded=right_padded)
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
 
 
@@ -237,19 +243,21 @@ def token_logprobs(cfg: ModelConfig, params: Params, tokens_BT: jax.Array,
                    attention_mask_BT: jax.Array | None = None, temperature: float = 1.0,
                    return_entropy: bool = False, chunk_size: int | None = None, *,
                    segment_ids_BT: jax.Array | None = None,
-                   positions_BT: jax.Array | None = None):
+                   positions_BT: jax.Array | None = None, right_padded: bool = False):
     """logp[:, t] = log p(tokens[t] | tokens[:t]) under log_softmax(logits / temperature);
     logp[:, 0] = 0. With `return_entropy`, also the entropy of that distribution at t.
 
     Packed rows (`segment_ids_BT`, `positions_BT`, as in `hidden_states`): tokens[:t] means the
     earlier tokens of t's own segment, and a segment's first token gets 0 like a row's first,
-    so each sequence's values equal those of the sequence alone in a row.
+    so each sequence's values equal those of the sequence alone in a row. `right_padded` as in
+    `hidden_states`.
 
     `chunk_size` bounds memory: the [B, T, V] float32 logits (58 GB for 4 x 24k tokens at
     Qwen3's 151,936-token vocabulary) are made `chunk_size` positions at a time under a scan,
     and remade chunk by chunk in the backward pass instead of being kept. Same values."""
     h_BTD = hidden_states(cfg, params, tokens_BT, attention_mask_BT,
-                          segment_ids_BT=segment_ids_BT, positions_BT=positions_BT)
+                          segment_ids_BT=segment_ids_BT, positions_BT=positions_BT,
+                          right_padded=right_padded)
     return logprobs_from_hidden(cfg, params, h_BTD, tokens_BT, temperature, return_entropy,
                                 chunk_size, segment_ids_BT=segment_ids_BT)
 
