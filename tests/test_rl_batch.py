@@ -41,6 +41,24 @@ def test_pack_pads_right_buckets_and_truncates():
     np.testing.assert_array_equal(cut["loss_mask"], [[0, 1], [0, 0]])
 
 
+def test_packed_rows_are_right_padded_and_the_check_refuses_others():
+    """The train step tells attention its rows are right-padded (the fused kernel with no
+    run-time check); `pack` makes them so, truncated or short, and the padding rows of a
+    Flow-GRPO batch too. A left-padded row is refused, the batch and row named."""
+    a = traj("x", ids=[1, 2, 3], prompt=1)
+    b = traj("x", ids=list(range(10, 80)), prompt=60)
+    for max_len in (100, 2):
+        rl.check_right_padded(rl.pack([a, b], pad_id=PAD, max_len=max_len)["attention_mask"],
+                              "packed")
+    flow, _ = rl.turn_batch([[rollout({}, [([1, 2], [3])])]], np.ones((1, 1)), np.ones((1, 1)),
+                            pad_id=PAD, max_turn_tokens=6, row_multiple=4)
+    rl.check_right_padded(flow["attention_mask"], "flow")
+    left = np.array([[1, 1, 1, 0], [0, 0, 0, 0], [0, 1, 1, 1], [1, 0, 1, 0]])
+    with pytest.raises(ValueError, match=r"^the batch: 2 of 4 rows are not right-padded "
+                                         r"\(row 2 has padding before a real token\)"):
+        rl.check_right_padded(left, "the batch")
+
+
 def test_direct_batch_by_hand():
     """One task, tools (search,), P = (search 1, outcome 1, compute 0, latency 0), G = 4:
     t0 right with 1 call, t1 wrong with 0, t2 right with 2, t3 right with 4 calls but a format

@@ -96,8 +96,8 @@ def test_one_epoch_scores_old_logprobs_only_for_the_later_minibatches(monkeypatc
     batch = _batch(cfg, b=8)
     scored = []
     real = ts._old_logprobs
-    monkeypatch.setattr(ts, "_old_logprobs", lambda mcfg, gcfg, params, mb: (
-        scored.append(mb["tokens"].shape), real(mcfg, gcfg, params, mb))[1])
+    monkeypatch.setattr(ts, "_old_logprobs", lambda mcfg, gcfg, params, mb, right_padded: (
+        scored.append(mb["tokens"].shape), real(mcfg, gcfg, params, mb, right_padded))[1])
     gcfg = rl.GRPOConfig(num_minibatches=4, num_microbatches=2, compute_entropy=False)
     s_self, m_self = _run(cfg, gcfg, ocfg, batch)
     assert scored == [(3, 2, 1, 24)]

@@ -1,5 +1,7 @@
 """The jitted train step on one device: accumulation, skipping, dropped samples, SFT, eval_shape."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrax import models, rl
+from orchestrax.models import model as model_lib
 
 MCFG = models.tiny_config(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
                           num_heads=2, num_kv_heads=1, head_dim=16)
@@ -185,7 +188,7 @@ def test_full_size_step_traces_with_eval_shape():
     from orchestrax.rl.train_step import _train_step
     import functools
     fn = functools.partial(_train_step, mcfg=cfg, gcfg=step_cfg, opt_cfg=OCFG, mesh=None,
-                           rules=None)
+                           rules=None, right_padded=False)
     state = jax.eval_shape(lambda: rl.init_state(models.init_params(cfg), OCFG))
     B, T = 8, 64
     batch = {"tokens": jax.ShapeDtypeStruct((B, T), jnp.int32),
@@ -241,7 +244,7 @@ def test_profile_scopes_name_logprobs_loss_and_optimizer():
     import re
     from orchestrax.rl.train_step import _train_step
     fn = functools.partial(_train_step, mcfg=MCFG, gcfg=rl.GRPOConfig(), opt_cfg=OCFG, mesh=None,
-                           rules=None)
+                           rules=None, right_padded=False)
     text = jax.jit(fn).lower(fresh_state(), make_batch(B=4, with_old=False)).as_text(
         debug_info=True)
     names = set(re.findall(r'loc\("([^"]*)"', text))
@@ -278,3 +281,45 @@ def test_minibatches_reshuffled_each_epoch_from_the_key():
                                   slot_permutation(epoch_key(7, 3, 1), 4, 4))
     with pytest.raises(ValueError, match="GRPOConfig.shuffle_seed=0.5; must be None or an int"):
         rl.GRPOConfig(shuffle_seed=0.5)
+
+
+def right_padded_batch(B=8, T=10, seed=0):
+    """A GRPO batch of right-padded rows (rl.pack's layout), one of them all padding."""
+    rng = np.random.default_rng(seed)
+    attn = (np.arange(T)[None] < rng.integers(0, T + 1, B)[:, None]).astype(np.int32)
+    attn[0], attn[1] = 1, 0
+    return dict(tokens=rng.integers(0, MCFG.vocab_size, (B, T)).astype(np.int32),
+                attention_mask=attn, loss_mask=attn.astype(np.float32),
+                advantages=rng.normal(size=B).astype(np.float32))
+
+
+@pytest.mark.parametrize("remat", ["full", "none"])
+def test_right_padded_step_has_no_conditional_and_the_same_update(monkeypatch, remat):
+    """`right_padded=True` takes attention's fused kernel with no run-time layout check in every
+    pass of the step (forward, backward, the old logprobs of the second minibatch): XLA:GPU
+    reads each `conditional`'s predicate on the host. XLA's kernel stands in for cuDNN's here,
+    which the CPU cannot compile."""
+    monkeypatch.setitem(model_lib._FUSED, "auto", "xla")
+    cfg = MCFG.replace(remat=remat)
+    gcfg = rl.GRPOConfig(num_minibatches=2, compute_entropy=False)
+    batch = right_padded_batch()
+    state = lambda: rl.init_state(models.init_params(cfg, seed=0), OCFG)  # noqa: E731
+    out = {}
+    for claim in (False, True):
+        step = rl.make_train_step(cfg, gcfg, OCFG, right_padded=claim).step
+        hlo = jax.jit(step).lower(state(), batch).compile().as_text()
+        out[claim] = len(re.findall(r"\bconditional\(", hlo)), step(state(), batch)
+    assert out[False][0] > 0, "the runtime-checked step should hold the layout conditional"
+    assert out[True][0] == 0
+    (s_checked, m_checked), (s_claimed, m_claimed) = out[False][1], out[True][1]
+    chex.assert_trees_all_close(s_claimed.params, s_checked.params, atol=1e-6, rtol=0)
+    assert float(m_claimed["loss"]) == pytest.approx(float(m_checked["loss"]), abs=1e-6)
+
+
+def test_right_padded_step_refuses_a_left_padded_batch():
+    step = rl.make_train_step(MCFG, rl.GRPOConfig(), OCFG, right_padded=True).step
+    batch = make_batch(with_old=False)                # its first 4 rows are left-padded
+    for mask in (batch["attention_mask"], jnp.asarray(batch["attention_mask"])):
+        with pytest.raises(ValueError, match=r"^train_step batch: 4 of 16 rows are not "
+                                             r"right-padded \(row 0 has padding before"):
+            step(fresh_state(), {**batch, "attention_mask": mask})

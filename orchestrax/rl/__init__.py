@@ -3,8 +3,8 @@ step."""
 
 from orchestrax.rl.advantages import (compute_advantages, dr_grpo_advantages, group_advantages,
                                       group_mean_std, rloo_advantages)
-from orchestrax.rl.batch import (direct_batch, flow_batch, pack, rollout_stats, tool_totals,
-                                 turn_batch)
+from orchestrax.rl.batch import (check_right_padded, direct_batch, flow_batch, pack,
+                                 rollout_stats, tool_totals, turn_batch)
 from orchestrax.rl.grpo_config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.filters import has_final_answer, homogeneity_mask, sample_mask, validity_mask
 from orchestrax.rl.losses import kl_penalty, policy_loss, sft_loss, token_weights
@@ -21,7 +21,7 @@ from orchestrax.rl.scoring import GroupScores, score_groups
 __all__ = [
     "GRPOConfig", "GroupFeatures", "GroupScores", "OptimizerConfig", "RESOLUTION", "Resolution",
     "TrainState", "TrainStep",
-    "batch_shardings", "compute_advantages", "data_parallel_degree", "direct_batch", "dr_grpo_advantages", "features_from_trajectories",
+    "batch_shardings", "check_right_padded", "compute_advantages", "data_parallel_degree", "direct_batch", "dr_grpo_advantages", "features_from_trajectories",
     "flow_batch", "group_advantages", "group_features", "group_mean_std", "has_final_answer",
     "homogeneity_mask", "init_state", "kl_penalty", "lr_schedule", "make_optimizer",
     "make_train_step", "matmul_params", "mfu", "outcome_reward", "pack", "peak_flops", "policy_loss",

@@ -12,7 +12,8 @@ Pure NumPy over duck-typed records (no JAX, nothing but arrays out). Two shapes 
   of its T_i turns 1/T_i and each token 1/|a| of its turn (AgentFlow, arXiv 2510.05592).
 
 Both score groups with `score_groups` (reward features, filters, advantages, all [Q, G]).
-Rows are right-padded to a bucketed length so the jitted step recompiles once per bucket.
+Rows are right-padded to a bucketed length so the jitted step recompiles once per bucket (and
+`check_right_padded` can vouch for the layout the fused attention kernel needs).
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def pack(sequences: Sequence[Any], *, pad_id: int, max_len: int,
         out["loss_mask"][i, :n] = s.loss_mask[:n]
         out["sampler_logprobs"][i, :n] = s.logprobs[:n]
     return out
+
+
+def check_right_padded(attention_mask_BT: np.ndarray, what: str) -> None:
+    """Raise unless every row of the 0/1 mask holds its real tokens first, then only padding
+    (as `pack` makes rows): what a model pass told `right_padded=True` relies on."""
+    valid_BT = np.asarray(attention_mask_BT).astype(bool)
+    lengths_B = valid_BT.sum(axis=1)
+    bad_B = np.any(valid_BT != (np.arange(valid_BT.shape[1])[None] < lengths_B[:, None]), axis=1)
+    if bad_B.any():
+        raise ValueError(f"{what}: {int(bad_B.sum())} of {len(bad_B)} rows are not right-padded "
+                         f"(row {int(np.argmax(bad_B))} has padding before a real token); the "
+                         "fused attention would let real tokens see that padding")
 
 
 def tool_totals(trajectories: Iterable[Any], known: Iterable[str] | None = None

@@ -28,11 +28,13 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchestrax import models, parallel
 from orchestrax.rl import contracts
+from orchestrax.rl.batch import check_right_padded
 from orchestrax.rl.grpo_config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.losses import policy_loss_weighted, sft_loss, token_weights
 from orchestrax.rl.optim import lr_schedule, make_optimizer
@@ -96,6 +98,21 @@ def _check_packed(batch: Batch, gcfg: GRPOConfig) -> None:
                          "weigh each row of several sequences as one sequence")
 
 
+def _check_rows_right_padded(mask_BT) -> None:
+    """`check_right_padded` on the rows this process holds: a host array, or a jax.Array's
+    addressable shards (whole rows: batches are split by rows only)."""
+    if isinstance(mask_BT, jax.core.Tracer):
+        return
+    parts = ([np.asarray(s.data) for s in mask_BT.addressable_shards]
+             if isinstance(mask_BT, jax.Array) else [np.asarray(mask_BT)])
+    for part in parts:
+        if part.shape[1:] != np.shape(mask_BT)[1:]:
+            raise ValueError(f"train_step: batch['attention_mask'] is split along T "
+                             f"({part.shape} of {np.shape(mask_BT)}); right padding is checked "
+                             "on whole rows")
+        check_right_padded(part, "train_step batch")
+
+
 def _check_data_parallel(batch: Batch, mesh: Mesh, rules: parallel.Rules) -> None:
     n, axes = data_parallel_degree(mesh, rules)
     B = batch["tokens"].shape[0]
@@ -157,46 +174,51 @@ def _shuffled(mb: Batch, key: jax.Array) -> Batch:
     return jax.tree.map(one, mb)
 
 
-def _logprobs(mcfg, gcfg: GRPOConfig, params, tokens, attn, segment_ids=None, positions=None):
+def _logprobs(mcfg, gcfg: GRPOConfig, params, tokens, attn, segment_ids=None, positions=None, *,
+              right_padded: bool):
     """(logp [.., T], entropy or None) of `tokens` under log_softmax(logits / temperature);
     packed rows with `segment_ids` and `positions`."""
     with jax.named_scope("token_logprobs"):
         out = models.token_logprobs(mcfg, params, tokens, attn, temperature=gcfg.temperature,
                                     return_entropy=gcfg.compute_entropy,
                                     chunk_size=gcfg.logprob_chunk, segment_ids_BT=segment_ids,
-                                    positions_BT=positions)
+                                    positions_BT=positions, right_padded=right_padded)
     return out if gcfg.compute_entropy else (out, None)
 
 
-def _old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch) -> jax.Array:
+def _old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch, right_padded: bool) -> jax.Array:
     """[M,K,b,T] logprobs under the params before the first update (the on-policy μ = 1
     shortcut), one micro-batch at a time so memory stays that of one micro-batch."""
     shape = mb["tokens"].shape
     flat = lambda x: x.reshape((-1,) + shape[2:])  # noqa: E731 - [M,K,b,T] -> [M·K,b,T]
-    old = jax.lax.map(lambda ta: _logprobs(mcfg, gcfg, params, *ta)[0],
+    old = jax.lax.map(lambda ta: _logprobs(mcfg, gcfg, params, *ta,
+                                           right_padded=right_padded)[0],
                       (flat(mb["tokens"]), flat(mb["attention_mask"])))
     return jax.lax.stop_gradient(old.reshape(shape))
 
 
-def _with_old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch) -> Batch:
+def _with_old_logprobs(mcfg, gcfg: GRPOConfig, params, mb: Batch, right_padded: bool) -> Batch:
     """mb with the old logprobs of a call that makes several updates. With one epoch and no
     reshuffle the first minibatch is updated first, on these very params: its rows take their
     own logprobs under stop-gradient in the update (`old_is_current`) and only the later
     minibatches are scored here, (M-1)/M of a forward pass instead of a whole one."""
     if gcfg.ppo_epochs > 1 or gcfg.shuffle_seed is not None:
-        return {**mb, "old_logprobs": _old_logprobs(mcfg, gcfg, params, mb)}
-    later = _old_logprobs(mcfg, gcfg, params, {k: mb[k][1:] for k in ("tokens",
-                                                                      "attention_mask")})
+        return {**mb, "old_logprobs": _old_logprobs(mcfg, gcfg, params, mb, right_padded)}
+    later = _old_logprobs(mcfg, gcfg, params, {k: mb[k][1:] for k in ("tokens", "attention_mask")},
+                          right_padded)
     m, k = mb["tokens"].shape[:2]
     return {**mb, "old_logprobs": jnp.concatenate([jnp.zeros_like(later[:1]), later]),
             "old_is_current": jnp.broadcast_to((jnp.arange(m) == 0)[:, None], (m, k))}
 
 
 def reference_logprobs(mcfg, gcfg: GRPOConfig, params, tokens_BT: jax.Array,
-                       attention_mask_BT: jax.Array, rows: int) -> jax.Array:
+                       attention_mask_BT: jax.Array, rows: int,
+                       right_padded: bool = False) -> jax.Array:
     """[B, T] logprobs of a batch scored `rows` rows at a time (a micro-batch's memory, not the
     batch's), each pass taking rows strided over the batch so a row-sharded batch keeps every
-    device busy. Jit it with `rows` static."""
+    device busy. Jit it with `rows` and `right_padded` static; `right_padded` (every row's
+    real tokens first) is the caller's word for the mask, checked on the host
+    (`check_right_padded`) before the call."""
     B, T = tokens_BT.shape
     if B % rows:
         raise ValueError(f"reference_logprobs: rows={rows} does not divide the batch of {B}")
@@ -204,7 +226,8 @@ def reference_logprobs(mcfg, gcfg: GRPOConfig, params, tokens_BT: jax.Array,
     split = lambda x: jnp.swapaxes(x.reshape(rows, n, T), 0, 1)  # noqa: E731 - row i·n + j
     out = jax.lax.map(lambda ta: models.token_logprobs(
         mcfg, params, ta[0], ta[1], temperature=gcfg.temperature,
-        chunk_size=gcfg.logprob_chunk), (split(tokens_BT), split(attention_mask_BT)))
+        chunk_size=gcfg.logprob_chunk, right_padded=right_padded),
+        (split(tokens_BT), split(attention_mask_BT)))
     return jnp.swapaxes(out, 0, 1).reshape(B, T)
 
 
@@ -244,9 +267,9 @@ def _loss_of_logprobs(x: Batch, gcfg: GRPOConfig) -> Callable:
     return loss_fn
 
 
-def _micro_loss(params, x: Batch, *, mcfg, gcfg: GRPOConfig):
+def _micro_loss(params, x: Batch, *, mcfg, gcfg: GRPOConfig, right_padded: bool):
     logp, ent = _logprobs(mcfg, gcfg, params, x["tokens"], x["attention_mask"],
-                          x.get("segment_ids"), x.get("positions"))
+                          x.get("segment_ids"), x.get("positions"), right_padded=right_padded)
     return _loss_of_logprobs(x, gcfg)(logp, ent)
 
 
@@ -257,7 +280,7 @@ def in_place_accumulation(mcfg) -> bool:
     return mcfg.remat == "full"
 
 
-def _add_micro_grads(acc, params, x: Batch, *, mcfg, gcfg: GRPOConfig):
+def _add_micro_grads(acc, params, x: Batch, *, mcfg, gcfg: GRPOConfig, right_padded: bool):
     """(acc + this micro-batch's gradient, its metrics)."""
     if in_place_accumulation(mcfg):
         with jax.named_scope("token_logprobs"):
@@ -265,10 +288,11 @@ def _add_micro_grads(acc, params, x: Batch, *, mcfg, gcfg: GRPOConfig):
                 mcfg, _loss_of_logprobs(x, gcfg), params, acc, x["tokens"],
                 x["attention_mask"], temperature=gcfg.temperature,
                 return_entropy=gcfg.compute_entropy, chunk_size=gcfg.logprob_chunk,
-                segment_ids_BT=x.get("segment_ids"), positions_BT=x.get("positions"))
+                segment_ids_BT=x.get("segment_ids"), positions_BT=x.get("positions"),
+                right_padded=right_padded)
         return acc, met
-    grad_fn = jax.value_and_grad(functools.partial(_micro_loss, mcfg=mcfg, gcfg=gcfg),
-                                 has_aux=True)
+    grad_fn = jax.value_and_grad(functools.partial(_micro_loss, mcfg=mcfg, gcfg=gcfg,
+                                                   right_padded=right_padded), has_aux=True)
     (_, met), g = grad_fn(params, x)
     return jax.tree.map(jnp.add, acc, g), met
 
@@ -318,24 +342,27 @@ def _summarise(met_EM: Metrics, keep_B: jax.Array) -> Metrics:
 
 
 def _train_step(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
-                opt_cfg: OptimizerConfig, mesh: Mesh | None, rules: parallel.Rules):
+                opt_cfg: OptimizerConfig, mesh: Mesh | None, rules: parallel.Rules,
+                right_padded: bool):
     ctx = (parallel.activation_sharding(mesh, rules) if mesh is not None
            else contextlib.nullcontext())
     with ctx:
         return _train_step_body(state, batch, mcfg=mcfg, gcfg=gcfg, opt_cfg=opt_cfg, mesh=mesh,
-                                rules=rules)
+                                rules=rules, right_padded=right_padded)
 
 
 def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
-                     opt_cfg: OptimizerConfig, mesh, rules) -> tuple[TrainState, Metrics]:
+                     opt_cfg: OptimizerConfig, mesh, rules,
+                     right_padded: bool) -> tuple[TrainState, Metrics]:
     opt = make_optimizer(opt_cfg)
     mb, keep_B = _minibatches(batch, gcfg, mesh, rules)
     if (gcfg.objective == "grpo" and "old_logprobs" not in batch
             and gcfg.ppo_epochs * gcfg.num_minibatches > 1):
-        mb = _with_old_logprobs(mcfg, gcfg, state.params, mb)
+        mb = _with_old_logprobs(mcfg, gcfg, state.params, mb, right_padded)
     if gcfg.shuffle_seed is None:
         mb = _with_loss_weights(mb, gcfg)
-    add_grads = functools.partial(_add_micro_grads, mcfg=mcfg, gcfg=gcfg)
+    add_grads = functools.partial(_add_micro_grads, mcfg=mcfg, gcfg=gcfg,
+                                  right_padded=right_padded)
 
     def update(carry, mb_K):                             # one optimizer update on a minibatch
         params, opt_state, n_up, n_skip = carry
@@ -368,13 +395,19 @@ def _train_step_body(state: TrainState, batch: Batch, *, mcfg, gcfg: GRPOConfig,
 
 def make_train_step(model_cfg: models.ModelConfig, grpo_cfg: GRPOConfig,
                     opt_cfg: OptimizerConfig, mesh: Mesh | None = None,
-                    rules: parallel.Rules = parallel.DEFAULT_RULES) -> TrainStep:
+                    rules: parallel.Rules = parallel.DEFAULT_RULES, *,
+                    right_padded: bool = False) -> TrainStep:
     """The jitted state initialiser and step. With a mesh: params/moments sharded by
     `models.param_shardings`, batch rows over the batch axes, metrics replicated; the state
     argument of `step` is donated either way. One compile per distinct set of batch keys and
-    shapes."""
+    shapes.
+
+    `right_padded`: every batch's rows hold their real tokens first (`rl.pack`'s rows), so the
+    fused attention kernel runs with no run-time check of the layout (on XLA:GPU a host sync
+    per check). `step` checks each batch's mask on the host (`check_right_padded`); a traced
+    batch (an abstract lowering) has no values to check."""
     body = functools.partial(_train_step, mcfg=model_cfg, gcfg=grpo_cfg, opt_cfg=opt_cfg,
-                             mesh=mesh, rules=rules)
+                             mesh=mesh, rules=rules, right_padded=right_padded)
     s_sh = state_shardings(model_cfg, opt_cfg, mesh, rules) if mesh is not None else None
     # Donated: the state takes over the params' buffers instead of holding a second copy.
     init = jax.jit(lambda params: init_state(params, opt_cfg), out_shardings=s_sh,
@@ -383,6 +416,8 @@ def make_train_step(model_cfg: models.ModelConfig, grpo_cfg: GRPOConfig,
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         _check_batch(batch, grpo_cfg)
+        if right_padded:
+            _check_rows_right_padded(batch["attention_mask"])
         if mesh is not None:
             _check_data_parallel(batch, mesh, rules)
         key = tuple(sorted(batch))
