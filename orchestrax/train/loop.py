@@ -94,7 +94,9 @@ class Trainer:
         parallel.barrier("model card")
         grpo = (cfg.grpo if cfg.agent.mode == "direct"
                 else dataclasses.replace(cfg.grpo, agg=cfg.agent.flow_agg))  # rows are turns
-        self.update = rl.make_train_step(self.model_cfg, grpo, cfg.optim, self.mesh)
+        # Every rollout batch is made of rl.pack's right-padded rows.
+        self.update = rl.make_train_step(self.model_cfg, grpo, cfg.optim, self.mesh,
+                                         right_padded=True)
         self.state = self.update.init(params)
         self.ckpt = Checkpointer(self.out / "checkpoints", every=cfg.checkpoint_every)
         self.step = 0
@@ -242,7 +244,7 @@ class Trainer:
                                  dataclasses.replace(cfg.grpo, objective="sft", num_minibatches=1,
                                                      temperature=1.0, kl_coef=0.0,
                                                      agg="token-mean"),
-                                 cfg.sft_optim or cfg.optim, self.mesh)
+                                 cfg.sft_optim or cfg.optim, self.mesh, right_padded=True)
         self.state = sft.init(self.state.params) if self.step == 0 else self.state
         history = []
         shape = dict(seq_len=cfg.rollout.context_tokens, batch_size=cfg.sft_batch, seed=cfg.seed,
@@ -345,7 +347,9 @@ class Trainer:
     def _update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One GRPO update on this process's rows of the step; returns its `train/` metrics once
         the update has finished (blocking: run it off the event loop)."""
-        # Multi-process: the global batch from every process's own rows.
+        # The reference pass below takes the layout on trust; the step checks it only after.
+        rl.check_right_padded(batch["attention_mask"], "the step's rollout batch")
+        # Multi-process: the global batch from every process's own rows (padded on the right).
         batch = batching.from_process_rows(batch, rl.batch_shardings(batch, self.mesh))
         if self.ref_params is not None:
             batch["ref_logprobs"] = self._ref_logprobs(
@@ -380,7 +384,7 @@ class Trainer:
             b = t.shape[0]
             per = max(dp, b // (g.num_minibatches * g.num_microbatches))
             return rl.reference_logprobs(self.model_cfg, g, p, t, m,
-                                         rows=per if b % per == 0 else b)
+                                         rows=per if b % per == 0 else b, right_padded=True)
 
         # Out on the batch's own row sharding, as the step takes it.
         rows = rl.batch_shardings({"tokens": np.zeros((1, 1))}, self.mesh)["tokens"]
