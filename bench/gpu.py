@@ -85,7 +85,8 @@ def train_setup(smoke: bool, seq: int, model: str = "qwen3-8b"):
 
 
 def train_batch(cfg, b: int, seq: int) -> dict:
-    """A random GRPO batch of b rows of seq tokens (numpy), old logprobs given."""
+    """A random GRPO batch of b full rows of seq tokens (numpy, right-padded as the trainer's
+    rows: no padding), old logprobs given."""
     import numpy as np
     rng = np.random.default_rng(0)
     return {"tokens": rng.integers(0, cfg.vocab_size, (b, seq)).astype(np.int32),
@@ -117,9 +118,12 @@ def section_train(smoke: bool, seq: int, model: str = "qwen3-8b") -> dict:
 
     cfg, gcfg, ocfg, b = train_setup(smoke, seq, model)
     tokens, micro = b * seq, gcfg.num_microbatches
-    train = rl.make_train_step(cfg, gcfg, ocfg)
+    train = rl.make_train_step(cfg, gcfg, ocfg, right_padded=True)   # as the trainer's step
     state = train.init(jax.jit(models.init_params, static_argnums=0)(cfg))
-    batch = {k: jnp.asarray(v) for k, v in train_batch(cfg, b, seq).items()}
+    host = train_batch(cfg, b, seq)
+    # Checked here: the step runs under an outer jit, whose traced batch has no values.
+    rl.check_right_padded(host["attention_mask"], "bench/gpu.py's train batch")
+    batch = {k: jnp.asarray(v) for k, v in host.items()}
     # One outer jit around the step so its compiled memory can be read and then run as is.
     t0 = time.perf_counter()
     step = jax.jit(lambda s, x: train.step(s, x), donate_argnums=0).lower(state, batch).compile()

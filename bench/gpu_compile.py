@@ -208,7 +208,8 @@ def lower_case(case: Case, devices, smoke: bool):
             ocfg = (tc.sft_optim or tc.optim) if sft else tc.optim
             if sft:
                 gcfg = dataclasses.replace(gcfg, num_minibatches=1)
-            train = rl.make_train_step(cfg, gcfg, ocfg, mesh=mesh)
+            # Right-padded rows, as the trainer's batches are (rl.pack) and it says so.
+            train = rl.make_train_step(cfg, gcfg, ocfg, mesh=mesh, right_padded=True)
             state = abstract(jax.eval_shape(lambda p: rl.init_state(p, ocfg), p_shapes),
                              train.shardings)
             b, t = (sh["sft_rows"] if sft else sh["rows"]), sh["seq"]
@@ -231,7 +232,8 @@ def lower_case(case: Case, devices, smoke: bool):
             b = sh["rows"]
             per = max(len(devices), b // (tc.grpo.num_minibatches * tc.grpo.num_microbatches))
             ids = mat(b, sh["seq"], jnp.int32)
-            fn = jax.jit(lambda p, i, m: rl.reference_logprobs(cfg, tc.grpo, p, i, m, rows=per))
+            fn = jax.jit(lambda p, i, m: rl.reference_logprobs(cfg, tc.grpo, p, i, m, rows=per,
+                                                               right_padded=True))
             info["rows"] = f"{b}x{sh['seq']}, {per} rows a pass"
             info["held"] = 0          # the reference is this compile's argument
             return fn.lower(ref_params, ids, ids), info
@@ -283,7 +285,7 @@ def _lower_bench(case: Case, devices, smoke: bool):
     if name in gpu.TRAIN_MODELS:
         cfg, gcfg, ocfg, b = gpu.train_setup(smoke, arg, gpu.TRAIN_MODELS[name])
         cfg = cfg.replace(attention="cudnn")
-        train = rl.make_train_step(cfg, gcfg, ocfg)
+        train = rl.make_train_step(cfg, gcfg, ocfg, right_padded=True)
         p_shapes = jax.eval_shape(lambda: models.init_params(cfg))
         state = on(jax.eval_shape(lambda p: rl.init_state(p, ocfg), p_shapes))
         model = gpu.TRAIN_MODELS[name] if not smoke else f"tiny as {gpu.TRAIN_MODELS[name]}"

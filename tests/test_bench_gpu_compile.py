@@ -28,9 +28,9 @@ def test_gpu_compile_smoke(tmp_path):
     ref, decode_one, decode, bench = rows
     # The reference pass picked cuDNN attention although this host's backend is the CPU.
     assert "config_one_h200/ref@1xh200" in ref and ref.split("|")[9].strip() == "1", ref
-    # Its one conditional is attention's right-padding branch, once in the layer loop (the
-    # chunked path asks the host nothing per block).
-    assert ref.split("|")[13].strip() == "1", ref
+    # And no conditional: the trainer's rows are right-padded and it says so, so attention takes
+    # cuDNN with no run-time layout check (a host read of its predicate, once per layer loop).
+    assert ref.split("|")[13].strip() == "0", ref
     # One H200 runs the continuous engine: its decode step writes the donated slot cache in
     # place and copies none of it, nor any weights, in the HLO XLA made for it (a kernel that
     # only copies, transposes or slices a held buffer: hbm_traffic.copies). With the cache
