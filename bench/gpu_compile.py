@@ -99,7 +99,7 @@ class Case:
     config: str
     target: str
     devices: int
-    kind: str                  # grpo | sft | ref | prefill | decode
+    kind: str                  # grpo | sft | ref | prefill | prefill_rows | decode
 
     @property
     def name(self) -> str:
@@ -111,9 +111,9 @@ def cases() -> list[Case]:
     runs all 8 as trainer and embedded sampler (`config_embedded`); one H200 does both. Then
     bench/gpu.py's plan."""
     out = []
-    for kind in ("grpo", "sft", "ref", "prefill", "decode"):
+    for kind in ("grpo", "sft", "ref", "prefill", "prefill_rows", "decode"):
         out.append(Case("qwen3_8b_gpu.config_one_h200", "h200", 1, kind))
-    for kind in ("grpo", "sft", "ref", "prefill", "decode"):
+    for kind in ("grpo", "sft", "ref", "prefill", "prefill_rows", "decode"):
         out.append(Case("qwen3_8b_gpu.config_embedded", "8xh100", 8, kind))
     for kind in ("grpo", "ref"):
         out.append(Case("qwen3_8b_gpu.config", "8xh100", 4, kind))
@@ -192,7 +192,7 @@ def lower_case(case: Case, devices, smoke: bool):
     # Held on the device besides what a compile's arguments count: the frozen reference
     # (compute-dtype copy) with a KL term, and the train state while the sampler runs.
     held_ref = _device_bytes(ref_params) if tc.grpo.kl_coef > 0 else 0
-    if case.kind in ("prefill", "decode"):
+    if case.kind in ("prefill", "prefill_rows", "decode"):
         # The train state stays on the device while the sampler runs.
         state = jax.eval_shape(lambda p: rl.init_state(p, tc.optim), p_shapes)
         info["held"] = held_ref + _device_bytes(abstract(
@@ -256,17 +256,19 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
     if kind == "decode":
         info["floor_bytes"] = decode_floor(_device_bytes(sp), _device_bytes(st.k) * 2,
                                            max_len, max_len, 1)
-    if kind == "prefill":
-        chunk = min(512, max_len)
-        settings = jax.tree.map(lambda x: None if x is None else one((1,) + x.shape[1:],
+    if kind in ("prefill", "prefill_rows"):
+        # One row of a whole chunk, or the engine's batched dispatch at its largest chunk.
+        eng = engine_mod.ContinuousEngine(scfg, None, max_batch=slots, max_len=max_len)
+        rows, chunk = ((1, min(eng.prefill_chunk, max_len)) if kind == "prefill" else
+                       (eng.prefill_rows, max(eng._batched_chunks())))
+        settings = jax.tree.map(lambda x: None if x is None else one((rows,) + x.shape[1:],
                                                                      x.dtype),
                                 st_shapes._replace(k=None, v=None))
-        info["rows"] += f", chunk {chunk}"
-        i32 = one((), jnp.int32)
-        return engine_mod._prefill_chunk.lower(
-            scfg, sp, st, i32, one((chunk,), jnp.int32), one((chunk,), jnp.bool_), i32,
-            i32, one((), jnp.bool_), one((), jnp.bool_), settings, n_top=0,
-            span=max_len, filtering=True), info
+        info["rows"] += f", {rows} x chunk {chunk}"
+        at, on = one((rows,), jnp.int32), one((rows,), jnp.bool_)
+        return engine_mod._prefill.lower(
+            scfg, sp, st, at, one((rows, chunk), jnp.int32), one((rows, chunk), jnp.bool_),
+            at, at, on, on, settings, n_top=0, span=max_len, filtering=True), info
     keep = one((slots,), jnp.bool_)
     info["rows"] += ", 1 step"
     return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,

@@ -49,12 +49,13 @@ def test_warm_compiles_every_program_a_workload_dispatches_and_changes_no_result
     params = models.init_params(CFG, 1)
     warmed = make_engine(params)
     programs = warmed.programs()
-    # chunk 16 at spans 32 and 64, one token at 32, decode at both, x2 filtering; copies at both
-    assert len(programs) == 2 * (2 + 1 + 2) + 2
+    # chunk 16 at spans 32 and 64, one row or three (3 x 16 <= BATCHED_PREFILL_TOKENS), one
+    # token at 32, decode at both, x2 filtering; copies at both
+    assert len(programs) == 2 * (2 * 2 + 1 + 2) + 2
     assert warmed.warm() == len(programs)
     assert warmed.stats == make_engine(params).stats and not warmed.busy
 
-    jitted = (engine_mod._prefill_chunk, engine_mod._decode, engine_mod._copy_prefix)
+    jitted = (engine_mod._prefill, engine_mod._decode, engine_mod._copy_prefix)
     entries = [f._cache_size() for f in jitted]
     compiles = []
     listener = lambda event, secs, **_: compiles.append(event) if event == COMPILE else None  # noqa: E731
@@ -67,6 +68,7 @@ def test_warm_compiles_every_program_a_workload_dispatches_and_changes_no_result
     assert [f._cache_size() for f in jitted] == entries
     # the workload reached the paths the programs are for
     assert warmed.stats["cached_tokens"] > 0
+    assert warmed.stats["prefill_dispatches"] < warmed.stats["prefill_chunks"]
 
     cold = make_engine(params)
     assert run(cold) == got
@@ -136,8 +138,9 @@ def test_prompts_ending_at_the_context_limit_dispatch_only_listed_programs(monke
             return jitted(*args, **kw)
         monkeypatch.setattr(engine_mod, name, call)
 
-    spy("_prefill_chunk", "prefill", lambda a, kw: dict(
-        chunk=len(a[4]), span=kw["span"], filtering=int(kw["filtering"])))
+    spy("_prefill", "prefill", lambda a, kw: dict(
+        rows=a[4].shape[0], chunk=a[4].shape[1], span=kw["span"],
+        filtering=int(kw["filtering"])))
     spy("_decode", "decode", lambda a, kw: dict(span=kw["span"], steps=kw["n_steps"],
                                                 filtering=int(kw["filtering"])))
     spy("_copy_prefix", "copy", lambda a, kw: dict(span=kw["span"]))
@@ -164,8 +167,9 @@ def test_prompts_ending_at_the_context_limit_dispatch_only_listed_programs(monke
 def test_program_counts_of_the_trainer_and_serve_defaults():
     """Counted from the rules of `ContinuousEngine.programs`: S buckets 32 * 2^k below max_len,
     and max_len; prefill at each bucketed chunk size (16 * 2^k below prefill_chunk = 512, and
-    512) at each S bucket >= the chunk's own, plus one-token chunks at S = 32; decode and
-    prefix copy at each S bucket; prefill and decode once per filter value."""
+    512) at each S bucket >= the chunk's own, plus one-token chunks at S = 32, and again for
+    8 rows at the chunk sizes 8 rows batch (16 and 32: 8 x 32 <= BATCHED_PREFILL_TOKENS);
+    decode and prefix copy at each S bucket; prefill and decode once per filter value."""
     from orchestrax import registry
     from orchestrax.rollout.engine import needs_filtering
     from orchestrax.train.serve import ServeConfig
@@ -176,7 +180,7 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
     def count(max_len: int, filters: int) -> int:
         spans = [32 * 2**k for k in range(20) if 32 * 2**k < max_len] + [max_len]
         chunks = [16, 32, 64, 128, 256, 512]
-        prefill = sum(1 for c in chunks for s in spans if s >= max(c, 32)) + 1
+        prefill = sum(1 + (c <= 32) for c in chunks for s in spans if s >= max(c, 32)) + 1
         return filters * (prefill + len(spans)) + len(spans)
 
     params = models.init_params(CFG, 1)
@@ -186,15 +190,15 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
     filters = {needs_filtering([SamplingParams(temperature=r.temperature, top_k=r.top_k,
                                                top_p=r.top_p)], CFG.vocab_size)}
     # 24000: 11 S buckets (32 ... 16384, 24000); chunks 16 and 32 at all 11, 64 at 10, 128 at
-    # 9, 256 at 8, 512 at 7: 56 + 1 one-token; 11 decodes, 11 copies.
-    assert count(r.context_tokens, 1) == 56 + 1 + 11 + 11 == 79
-    assert len(trainer.engine.programs(filters)) == 79 and filters == {False}
+    # 9, 256 at 8, 512 at 7: 56 + 1 one-token, and 22 of 8 rows; 11 decodes, 11 copies.
+    assert count(r.context_tokens, 1) == 56 + 1 + 22 + 11 + 11 == 101
+    assert len(trainer.engine.programs(filters)) == 101 and filters == {False}
 
     s = ServeConfig()
     serve = registry.build_sampler(SamplerConfig(
         backend="embedded", max_batch=s.max_batch, max_len=s.max_len,
         dispatch_reads=s.dispatch_reads), CFG, params)
-    # 4096: 8 S buckets; chunks 16 and 32 at 8, 64 at 7, 128 at 6, 256 at 5, 512 at 4: 38 + 1;
-    # both filter values: 2 x (39 + 8 decodes) + 8 copies.
-    assert count(s.max_len, 2) == 2 * (39 + 8) + 8 == 102
-    assert len(serve.engine.programs()) == 102
+    # 4096: 8 S buckets; chunks 16 and 32 at 8, 64 at 7, 128 at 6, 256 at 5, 512 at 4: 38 + 1,
+    # and 16 of 8 rows; both filter values: 2 x (55 + 8 decodes) + 8 copies.
+    assert count(s.max_len, 2) == 2 * (55 + 8) + 8 == 134
+    assert len(serve.engine.programs()) == 134

@@ -121,6 +121,67 @@ def test_mixed_temperatures_and_seeds_reproducible_per_row(params):
         greedy[1].output_ids != together[3].output_ids
 
 
+def test_requests_arriving_together_prefill_their_short_chunks_in_shared_dispatches(
+        params, monkeypatch):
+    calls = []
+    batched = engine_mod._prefill
+
+    def prefill(cfg, params, s, slot_P, ids_PC, *rest, **kw):
+        calls.append((int(np.sum(slot_P < 8)), ids_PC.shape))
+        return batched(cfg, params, s, slot_P, ids_PC, *rest, **kw)
+    monkeypatch.setattr(engine_mod, "_prefill", prefill)
+    # Chunks of 32 from min_chunk 16 (8 rows x 32 <= BATCHED_PREFILL_TOKENS, so both sizes
+    # are batched): prompts of 5 and 9 tokens are one 16-token chunk, 20 and 30 one 32-token
+    # chunk, 40 two and 70 three; greedy rows, seeded T = 1 ones, one top-k.
+    reqs = [req(5, 40, new=6), req(20, 41, new=6, t=1.0, sampling_seed=1),
+            req(40, 42, new=6), req(9, 43, new=6, t=1.0, sampling_seed=2),
+            req(70, 44, new=6),
+            GenerateRequest(input_ids=prompt(30, 45), sampling=SamplingParams(
+                temperature=1.0, top_k=5, max_new_tokens=6, sampling_seed=3))]
+    eng = ContinuousEngine(CFG, params, max_batch=8, max_len=128, prefill_chunk=32)
+    together = eng.generate(reqs)
+    # Step 1: the two 16-token chunks in one dispatch of 8 rows, the four first 32-token
+    # chunks in another; step 2: the second chunks of the 40- and 70-token prompts; step 3:
+    # the 70's last, alone in a one-row dispatch.
+    assert calls == [(2, (8, 16)), (4, (8, 32)), (2, (8, 32)), (1, (1, 32))]
+    assert eng.stats["prefill_chunks"] == 9 and eng.stats["prefill_dispatches"] == 4
+    assert eng.stats["prefill_tokens"] == sum(len(r.input_ids) for r in reqs)
+    for r, got in zip(reqs, together):
+        alone = ContinuousEngine(CFG, params, max_batch=1, max_len=128,
+                                 prefill_chunk=32).generate([r])[0]
+        assert got.output_ids == alone.output_ids and len(got.output_ids) == 6
+        np.testing.assert_allclose(got.logprobs, alone.logprobs, atol=1e-5, rtol=0)
+        if r.sampling.temperature == 0:
+            greedy_reference(params, r, got.output_ids)
+        np.testing.assert_allclose(
+            got.logprobs, full_forward_logp(params, r, got.output_ids,
+                                            r.sampling.temperature or 1.0), atol=1e-5, rtol=0)
+
+
+def test_a_prefill_row_out_of_range_writes_nothing(params):
+    # forward_slots on cache rows (2, R): row 2 takes its tokens, every other row (and the
+    # mask) is bit-identical, and row 2 gets what a pass of row 2 alone writes.
+    cache = models.init_slots(CFG, 4, 32)
+    rng = np.random.default_rng(0)
+    cache = cache._replace(k=tuple(jnp.asarray(rng.normal(size=x.shape), x.dtype)
+                                   for x in cache.k),
+                           mask_RS=jnp.asarray((rng.random(cache.mask_RS.shape) < 0.5)
+                                               & (np.arange(32) < 16)))
+    ids = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, 8)), jnp.int32)
+    valid = jnp.ones((2, 8), jnp.bool_)
+    index = jnp.asarray([16, 16], jnp.int32)
+    logits, got = models.forward_slots(CFG, params, ids, valid, cache, index, span=32,
+                                       rows_B=jnp.asarray([2, 4], jnp.int32))
+    logits1, one = models.forward_slots(CFG, params, ids[:1], valid[:1], cache, index[:1],
+                                        span=32, rows_B=jnp.asarray([2], jnp.int32))
+    np.testing.assert_array_equal(logits[0], logits1[0])
+    for new, old, alone in zip(got.k + got.v + (got.mask_RS,), cache.k + cache.v
+                               + (cache.mask_RS,), one.k + one.v + (one.mask_RS,)):
+        np.testing.assert_array_equal(np.asarray(new)[[0, 1, 3]], np.asarray(old)[[0, 1, 3]])
+        np.testing.assert_array_equal(new, alone)
+        assert not np.array_equal(np.asarray(new)[2], np.asarray(old)[2])
+
+
 def test_request_arriving_mid_decode_finishes_before_the_longest_row(params):
     eng = ContinuousEngine(CFG, params, max_batch=2, max_len=96, prefill_chunk=16)
     long_rid = eng.submit(req(10, 30, new=40, rid="long"))
@@ -272,9 +333,12 @@ def test_one_decode_compile_per_s_bucket_and_one_prefill_compile_per_chunk_bucke
         chex.assert_max_traces(engine_mod._decode_impl, n=3), ("cfg", "n_steps", "n_top",
                                                                 "span", "filtering")))
     # Prompts of 3..70 tokens in 32-token chunks: (chunk, span) buckets (16, 32) for the short
-    # ones, (32, 32), (32, 64), (32, 128) for the chunks of the long ones: four prefill traces.
-    monkeypatch.setattr(engine_mod, "_prefill_chunk", engine_mod._jit(
-        chex.assert_max_traces(engine_mod._prefill_chunk_impl, n=4), ("cfg", "n_top", "span", "filtering")))
+    # ones, (32, 32), (32, 64), (32, 128) for the chunks of the long ones, each a row a
+    # dispatch or three (both chunk sizes are batched, 3 x 32 <= BATCHED_PREFILL_TOKENS): at
+    # most eight prefill traces.
+    monkeypatch.setattr(engine_mod, "_prefill", engine_mod._jit(
+        chex.assert_max_traces(engine_mod._prefill_impl, n=8), ("cfg", "n_top", "span",
+                                                                 "filtering")))
     eng = ContinuousEngine(cfg, p, max_batch=3, max_len=128, prefill_chunk=32)
     results = []
     for i, (n, new) in enumerate([(3, 5), (70, 9), (16, 2), (31, 11), (12, 1), (50, 4)]):
@@ -410,16 +474,24 @@ def test_slot_cache_splits_its_kv_heads_over_the_params_mesh_with_the_same_sampl
     keep = np.ones((4,), np.bool_)
     decode = engine_mod._decode.lower(cfg, split, state, keep, keep, n_steps=2, n_top=0,
                                       span=64, filtering=True).compile()
-    settings = jax.tree.map(lambda x: None if x is None else np.zeros((1,) + x.shape[1:],
+    prefill = _lower_prefill(cfg, split, state, rows=1, chunk=16, span=64, filtering=True)
+    prefill3 = _lower_prefill(cfg, split, state, rows=3, chunk=16, span=64, filtering=True)
+    # A prefill of 3 rows moves 3 rows' activations ([3, 16, 8 heads, 32] at most).
+    for compiled, rows in ((decode, 1), (prefill.compile(), 1), (prefill3.compile(), 3)):
+        sizes = _collective_bytes(compiled.as_text())
+        assert sizes and max(sizes) < rows * layer_slot / 8, sizes
+
+
+def _lower_prefill(cfg, params, state, *, rows, chunk, span, filtering):
+    """`_prefill` of `rows` rows (slots 0, 1, ...) of `chunk` tokens, lowered."""
+    settings = jax.tree.map(lambda x: None if x is None else np.zeros((rows,) + x.shape[1:],
                                                                       x.dtype),
                             state._replace(k=None, v=None))
-    i = np.int32(0)
-    prefill = engine_mod._prefill_chunk.lower(
-        cfg, split, state, i, np.zeros((16,), np.int32), np.ones((16,), np.bool_), i, i,
-        np.bool_(True), np.bool_(True), settings, n_top=0, span=64, filtering=True).compile()
-    for compiled in (decode, prefill):
-        sizes = _collective_bytes(compiled.as_text())
-        assert sizes and max(sizes) < layer_slot / 8, sizes
+    at, on = np.zeros((rows,), np.int32), np.ones((rows,), np.bool_)
+    return engine_mod._prefill.lower(
+        cfg, params, state, np.arange(rows, dtype=np.int32), np.zeros((rows, chunk), np.int32),
+        np.ones((rows, chunk), np.bool_), at, at, on, on, settings, n_top=0, span=span,
+        filtering=filtering)
 
 
 def test_kv_heads_the_mesh_does_not_divide_are_said_in_one_line(caplog):
@@ -496,18 +568,12 @@ def test_a_decode_step_asks_the_host_nothing(params):
     eng = ContinuousEngine(CFG, params, max_batch=2, max_len=64, prefill_chunk=16)
     eng.generate([req(5, 1, new=2)])
     keep = np.ones((2,), np.bool_)
-    settings = jax.tree.map(lambda x: None if x is None else np.zeros((1,) + x.shape[1:],
-                                                                      x.dtype),
-                            eng._state._replace(k=None, v=None))
-    i = np.int32(0)
     for filtering in (False, True):
         decode = engine_mod._decode.lower(CFG, params, eng._state, keep, keep, n_steps=2,
                                           n_top=0, span=32, filtering=filtering)
-        prefill = engine_mod._prefill_chunk.lower(
-            CFG, params, eng._state, i, np.zeros((16,), np.int32), np.ones((16,), np.bool_), i,
-            i, np.bool_(True), np.bool_(True), settings, n_top=0, span=32,
-            filtering=filtering)
-        for lowered in (decode, prefill):
+        prefills = [_lower_prefill(CFG, params, eng._state, rows=p, chunk=16, span=32,
+                                   filtering=filtering) for p in (1, 2)]
+        for lowered in (decode, *prefills):
             text = lowered.compile().as_text()
             assert not re.search(r"\bconditional\(", text)
             assert bool(re.search(r"\bsort\(", text)) == filtering

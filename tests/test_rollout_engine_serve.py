@@ -211,25 +211,25 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
         return engine_mod._decode_impl(cfg, params, s, keep_R, run_R, n_steps=n_steps,
                                        n_top=n_top, span=span, filtering=filtering)
 
-    def prefill_impl(cfg, params, s, slot, ids_C, *rest, n_top, span, filtering):
+    def prefill_impl(cfg, params, s, slot_P, ids_PC, *rest, n_top, span, filtering):
         traces["prefill"] += 1
-        return engine_mod._prefill_chunk_impl(cfg, params, s, slot, ids_C, *rest, n_top=n_top,
-                                              span=span, filtering=filtering)
+        return engine_mod._prefill_impl(cfg, params, s, slot_P, ids_PC, *rest, n_top=n_top,
+                                        span=span, filtering=filtering)
 
-    # Upper bounds: S buckets 16..128 (four); (chunk, span) buckets: chunks 8, 16, 32 read
-    # spans 16..128 (at most 3 x 4); the exact counts (one trace per bucket used) are checked
-    # at the end.
+    # Upper bounds: S buckets 16..128 (four); (rows, chunk, span) buckets: chunks 8, 16, 32
+    # read spans 16..128, each a row a dispatch or three (3 x 32 <= BATCHED_PREFILL_TOKENS):
+    # at most 2 x 3 x 4; the exact counts (one trace per bucket used) are checked at the end.
     monkeypatch.setattr(engine_mod, "_decode", engine_mod._jit(
         chex.assert_max_traces(decode_impl, n=4), ("cfg", "n_steps", "n_top", "span",
                                                     "filtering")))
-    jitted = engine_mod._jit(chex.assert_max_traces(prefill_impl, n=12),
+    jitted = engine_mod._jit(chex.assert_max_traces(prefill_impl, n=24),
                              ("cfg", "n_top", "span", "filtering"))
 
-    def prefill(cfg, params, s, slot, ids_C, *rest, n_top, span, filtering):
-        chunks.add((len(ids_C), span))
-        return jitted(cfg, params, s, slot, ids_C, *rest, n_top=n_top, span=span,
+    def prefill(cfg, params, s, slot_P, ids_PC, *rest, n_top, span, filtering):
+        chunks.add((ids_PC.shape, span))
+        return jitted(cfg, params, s, slot_P, ids_PC, *rest, n_top=n_top, span=span,
                       filtering=filtering)
-    monkeypatch.setattr(engine_mod, "_prefill_chunk", prefill)
+    monkeypatch.setattr(engine_mod, "_prefill", prefill)
     sampler = ContinuousSampler(cfg, p, max_batch=3, max_len=128, prefill_chunk=32,
                                 min_chunk=8, decode_steps=2)
     real_span = sampler.engine.span
@@ -244,7 +244,7 @@ def test_one_compile_per_bucket_through_the_sampler(monkeypatch):
         return await sampler.generate(reqs)
     results = asyncio.run(main())
     assert [len(r.output_ids) for r in results] == [5, 9, 30, 11, 1, 4, 60]
-    assert {c for c, _ in chunks} == {8, 16, 32} and 128 in spans and len(spans) >= 2
+    assert {c for (_, c), _ in chunks} == {8, 16, 32} and 128 in spans and len(spans) >= 2
     assert traces == {"decode": len(spans), "prefill": len(chunks)}
 
 

@@ -62,19 +62,35 @@ def layer_params(params: model.Params, i: int) -> model.Params:
 
 
 def forward_slots(cfg: ModelConfig, params: model.Params, ids_BT: jax.Array, valid_BT: jax.Array,
-                  cache: SlotCache, index_B: jax.Array, *, span: int
-                  ) -> tuple[jax.Array, SlotCache]:
-    """Append row b's T tokens (real where `valid_BT`) to cache row b at positions index_B[b]
-    ... and return float32 logits of each row's last position [B, V] and the updated cache
-    (B = R: a decode step feeds every slot; a prefill passes the one row it fills).
+                  cache: SlotCache, index_B: jax.Array, *, span: int,
+                  rows_B: jax.Array | None = None) -> tuple[jax.Array, SlotCache]:
+    """Append row b's T tokens (real where `valid_BT`) to cache row rows_B[b] at positions
+    index_B[b] ... and return float32 logits of each row's last position [B, V] and the updated
+    cache. Without `rows_B`, row b is cache row b (B = R: a decode step feeds every slot); with
+    it, B distinct rows of the cache (a prefill's slots), and a row of `rows_B` outside
+    [0, R) writes nothing (padding a pass to its row bucket).
 
     Positions (RoPE) continue from the count of real tokens the row holds before index_B[b].
     The caller keeps index_B[b] + T <= span <= S. Masked positions inside [0, index) are never
-    read, so a row may hold holes (left padding of a chunk, a cut-off stale suffix)."""
+    read, so a row may hold holes (left padding of a chunk, a cut-off stale suffix).
+
+    Either way each layer scatters its new k/v into its own cache buffer in place; with
+    `rows_B`, its attention then reads a gathered copy of the B rows' first `span` positions,
+    which lives for that layer only (no whole-cache copy, no copy held across layers)."""
     b, t = ids_BT.shape
     valid_BT = valid_BT.astype(jnp.bool_)
     pos_P = jnp.arange(span)
-    old_BP = cache.mask_RS[:, :span]
+    if rows_B is None:
+        rows_B1 = jnp.arange(b)[:, None]
+        mask_of = lambda c: c[:, :span]  # noqa: E731
+        kv_of = lambda c: c[:, :, :span]  # noqa: E731
+    else:
+        # Rows outside [0, R) see no key and write nothing.
+        rows_B1 = rows_B[:, None]
+        mask_of = lambda c: c.at[rows_B, :span].get(mode="fill", fill_value=False)  # noqa: E731
+        kv_of = lambda c: c.at[rows_B, :, :span].get(mode="clip")  # noqa: E731
+        in_range_B = (rows_B >= 0) & (rows_B < cache.mask_RS.shape[0])
+    old_BP = mask_of(cache.mask_RS)
     seen_B = jnp.sum(old_BP & (pos_P[None] < index_B[:, None]), axis=1)
     positions_BT = seen_B[:, None] + jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
     # This pass's tokens enter the mask at index_B + t: [B, P] from [B, T].
@@ -82,17 +98,31 @@ def forward_slots(cfg: ModelConfig, params: model.Params, ids_BT: jax.Array, val
     ours_BP = (offset_BP >= 0) & (offset_BP < t)
     new_BP = jnp.take_along_axis(valid_BT, jnp.clip(offset_BP, 0, t - 1), axis=1)
     mask_BP = jnp.where(ours_BP, new_BP, old_BP)
-    mask_RS = cache.mask_RS.at[:, :span].set(mask_BP)
     write_BT = index_B[:, None] + jnp.arange(t)[None]
-    rows_B1 = jnp.arange(b)[:, None]
+    if rows_B is None:
+        mask_RS = cache.mask_RS.at[:, :span].set(mask_BP)
+        put = lambda c, x_BTKH: c.at[rows_B1, :, write_BT].set(x_BTKH.astype(c.dtype))  # noqa: E731
+    else:
+        mask_RS = cache.mask_RS.at[rows_B1, pos_P[None]].set(mask_BP, mode="drop")
+
+        def put(c, x_BTKH):
+            # Row by row, each row's T positions one contiguous slab written in place (a
+            # scatter over rows and positions made XLA:GPU transpose the whole buffer); a row
+            # out of range writes back what its clamped slab holds.
+            x_BKTH = jnp.swapaxes(x_BTKH, 1, 2).astype(c.dtype)
+            for r in range(b):
+                at = (rows_B[r], 0, index_B[r], 0)
+                old = jax.lax.dynamic_slice(c, at, (1,) + x_BKTH.shape[1:])
+                c = jax.lax.dynamic_update_slice(
+                    c, jnp.where(in_range_B[r], x_BKTH[r:r + 1], old), at)
+            return c
 
     x = model._embed(cfg, params, ids_BT)
     ks, vs = list(cache.k), list(cache.v)
     for i in range(cfg.num_layers):
         def write_then_read(k_BTKH, v_BTKH, i=i):
-            kc = ks[i].at[rows_B1, :, write_BT].set(k_BTKH.astype(ks[i].dtype))
-            vc = vs[i].at[rows_B1, :, write_BT].set(v_BTKH.astype(vs[i].dtype))
-            read = lambda c: jnp.swapaxes(c[:, :, :span], 1, 2)  # noqa: E731  -> [B, P, K, H]
+            kc, vc = put(ks[i], k_BTKH), put(vs[i], v_BTKH)
+            read = lambda c: jnp.swapaxes(kv_of(c), 1, 2)  # noqa: E731  -> [B, P, K, H]
             return read(kc), read(vc), index_B, (kc, vc)
 
         with jax.named_scope(f"block{i}"):

@@ -8,7 +8,9 @@ per layer, models/slots.py) with its own write index and valid mask, so rows of 
 lengths share one decode step:
 - a queued request takes a free slot between decode steps; its prompt is prefilled into that
   slot in chunks of at most `prefill_chunk` tokens, one chunk per engine step, so a long prompt
-  does not stall the rows that are decoding;
+  does not stall the rows that are decoding; short chunks of several slots (the next turns of
+  episodes, short prompts) share a dispatch, `prefill_rows` to it, so they read the weights
+  once (`BATCHED_PREFILL_TOKENS`);
 - a row that stops (stop id, token budget, abort) frees its slot at the end of that step and
   the next queued request takes it; no row waits for the longest row of its batch.
 
@@ -20,7 +22,8 @@ bandwidth, is what limits the slot count.
 
 The model's blocks run under `models.forward_slots`: each row writes at its own index and
 positions continue from its own count of real tokens. Exactly two jitted functions run:
-`_prefill_chunk` (one compile per chunk-size bucket) and `_decode` (one compile per S bucket:
+`_prefill` (one compile per chunk-size bucket, and again for `prefill_rows` rows at the
+batched sizes) and `_decode` (one compile per S bucket:
 it reads and writes only the first `span` positions of every slot, the smallest power-of-two
 bucket that holds the longest occupied row), asserted by tests with `chex.assert_max_traces`;
 each twice at most, with and without the top-k/top-p sort, as the host knows from the rows
@@ -28,8 +31,8 @@ it dispatches (`filtering`).
 
 On several devices the state lives on the params' mesh (`state_shardings`): the cache's kv
 heads split over the axes that split the params, slots and everything else whole. Each device
-then attends over its own heads of every slot, a prefill's one-slot write stays on the devices
-that hold it, and a step exchanges only activations (no collective moves cache; the tests and
+then attends over its own heads of every slot, a prefill's slot writes stay on the devices
+that hold them, and a step exchanges only activations (no collective moves cache; the tests and
 bench/gpu_compile.py read this from the compiled HLO).
 
 Sampling is `rollout.sampling.sample_step` (temperature, top-k, top-p, penalties), given one
@@ -241,52 +244,47 @@ def _sample(logits_RV, s: SlotState, step_R, n_top: int, filtering: bool):
                        filtering=filtering)
 
 
-def _take_row(s: SlotState, slot) -> SlotState:
-    """Row `slot` of every per-row field (keeping a leading axis of 1), for one-row sampling."""
-    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0),
-                        s._replace(k=None, v=None))
-
-
-def _prefill_chunk_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot: jax.Array,
-                        ids_C: jax.Array, valid_C: jax.Array, index: jax.Array, keep: jax.Array,
-                        first: jax.Array, last: jax.Array, settings: SlotState, *, n_top: int,
-                        span: int, filtering: bool):
-    """Write one prompt chunk into `slot` at position `index`, attending to its first `span`
-    positions; the slot's mask is first cut to positions < `keep` (a reused prefix, or all
-    but nothing on a fresh row). `first` installs `settings` (a one-row SlotState of sampling
-    fields), `last` samples the row's first token and makes it live. Returns (state, token,
-    logprob, top ids [K], top logprobs [K], done)."""
+def _prefill_impl(cfg: models.ModelConfig, params: Any, s: SlotState, slot_P: jax.Array,
+                  ids_PC: jax.Array, valid_PC: jax.Array, index_P: jax.Array, keep_P: jax.Array,
+                  first_P: jax.Array, last_P: jax.Array, settings: SlotState, *, n_top: int,
+                  span: int, filtering: bool):
+    """Write one prompt chunk into each of the P distinct slots `slot_P` in one pass: row p's
+    chunk at position index_P[p], attending to the slot's first `span` positions; the slot's
+    mask is first cut to positions < keep_P[p] (a reused prefix, or all but nothing on a fresh
+    row). `first_P` installs row p of `settings` (a P-row SlotState of sampling fields),
+    `last_P` samples the row's first token and makes it live. A slot of `slot_P` outside
+    [0, R) pads the pass to its row bucket: every write of its row is dropped. The chunks are
+    written into the cache in place, layer by layer (`models.forward_slots` with `rows_B`).
+    Returns (state, token [P], logprob [P], top ids [P, K], top logprobs [P, K], done [P])."""
+    p_rows, c = ids_PC.shape
+    row_of = lambda x: x.at[slot_P].get(mode="fill", fill_value=0)  # noqa: E731
+    put = lambda x, v: x.at[slot_P].set(v, mode="drop")  # noqa: E731
     pos_S = jnp.arange(s.mask_RS.shape[1])
-    s = s._replace(mask_RS=s.mask_RS.at[slot].set(s.mask_RS[slot] & (pos_S < keep)))
-    # The row's first `span` positions are filled on their own and written back in place (the
-    # other rows' caches are not the pass's business).
-    row = lambda xs: tuple(  # noqa: E731
-        jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)[:, :, :span] for x in xs)
-    put_row = lambda xs, rows: tuple(  # noqa: E731
-        jax.lax.dynamic_update_slice(x, r, (slot, 0, 0, 0)) for x, r in zip(xs, rows))
-    one = models.SlotCache(row(s.k), row(s.v),
-                           jax.lax.dynamic_slice_in_dim(s.mask_RS, slot, 1)[:, :span])
-    logits_1V, c = models.forward_slots(cfg, params, ids_C[None], valid_C[None], one,
-                                        index[None], span=span)
-    c = models.SlotCache(put_row(s.k, c.k), put_row(s.v, c.v),
-                         jax.lax.dynamic_update_slice(s.mask_RS, c.mask_RS, (slot, 0)))
-    put = lambda full, row: jnp.where(first, full.at[slot].set(row[0]), full)
-    s = s._replace(**{f: put(getattr(s, f), getattr(settings, f)) for f in (
+    s = s._replace(mask_RS=put(s.mask_RS, row_of(s.mask_RS) & (pos_S[None] < keep_P[:, None])))
+    logits_PV, cache = models.forward_slots(cfg, params, ids_PC, valid_PC, _cache(s), index_P,
+                                            span=span, rows_B=slot_P)
+    s = s._replace(k=cache.k, v=cache.v, mask_RS=cache.mask_RS)
+
+    def install(full, new):
+        on = first_P.reshape((p_rows,) + (1,) * (full.ndim - 1))
+        return put(full, jnp.where(on, new, row_of(full)))
+    s = s._replace(**{f: install(getattr(s, f), getattr(settings, f)) for f in (
         "temperature_R", "top_k_R", "top_p_R", "seed_R", "max_new_R", "stop_RX", "presence_R",
         "frequency_R")})
-    s = s._replace(counts_RV=jnp.where(first, s.counts_RV.at[slot].set(0), s.counts_RV))
-    row = _take_row(s, slot)
-    token, logprob, top_ids, top_lp = _sample(logits_1V, row, jnp.zeros((1,), jnp.int32),
-                                              n_top, filtering)
-    token, logprob = token[0], logprob[0]
-    done = jnp.any(token == row.stop_RX[0]) | (row.max_new_R[0] <= 1)
+    s = s._replace(counts_RV=install(s.counts_RV, jnp.zeros((p_rows,) + s.counts_RV.shape[1:],
+                                                            s.counts_RV.dtype)))
+    row = jax.tree.map(row_of, s._replace(k=None, v=None))
+    token_P, logprob_P, top_ids, top_lp = _sample(logits_PV, row, jnp.zeros((p_rows,), jnp.int32),
+                                                  n_top, filtering)
+    done_P = jnp.any(token_P[:, None] == row.stop_RX, axis=-1) | (row.max_new_R <= 1)
     s = s._replace(
-        k=c.k, v=c.v, mask_RS=c.mask_RS, index_R=s.index_R.at[slot].set(index + ids_C.shape[0]),
-        token_R=s.token_R.at[slot].set(jnp.where(last, token, s.token_R[slot])),
-        length_R=s.length_R.at[slot].set(jnp.where(last, 1, 0)),
-        live_R=s.live_R.at[slot].set(last & ~done),
-        counts_RV=jnp.where(last, s.counts_RV.at[slot, token].add(1), s.counts_RV))
-    return s, token, logprob, top_ids[0], top_lp[0], done
+        index_R=put(s.index_R, index_P + c),
+        token_R=put(s.token_R, jnp.where(last_P, token_P, row.token_R)),
+        length_R=put(s.length_R, jnp.where(last_P, 1, 0)),
+        live_R=put(s.live_R, last_P & ~done_P),
+        counts_RV=s.counts_RV.at[slot_P, token_P].add(last_P.astype(s.counts_RV.dtype),
+                                                      mode="drop"))
+    return s, token_P, logprob_P, top_ids, top_lp, done_P
 
 
 def _copy_prefix_impl(s: SlotState, src: jax.Array, dst: jax.Array, n: jax.Array, *,
@@ -347,12 +345,19 @@ def _jit(impl, static):
     return jax.jit(impl, static_argnames=static, donate_argnames=("s",))
 
 
-_prefill_chunk = _jit(_prefill_chunk_impl, ("cfg", "n_top", "span", "filtering"))
+_prefill = _jit(_prefill_impl, ("cfg", "n_top", "span", "filtering"))
 _decode = _jit(_decode_impl, ("cfg", "n_steps", "n_top", "span", "filtering"))
 _copy_prefix = _jit(_copy_prefix_impl, ("span",))
 
 
 # --- host side --------------------------------------------------------------------------------
+# A prefill dispatch of several rows holds at most this many tokens (rows x chunk). A token
+# costs one flop per byte of bf16 weights (two per parameter), an H200 does ~200 flops in the
+# time it reads a byte (989 TFLOP/s, 4.8 TB/s; an H100 ~300): below ~200 tokens a dispatch
+# costs one read of the weights whatever its rows, so batching short chunks saves whole
+# reads, and batching long ones saves little.
+BATCHED_PREFILL_TOKENS = 256
+
 def bucket(n: int, *, lo: int, hi: int) -> int:
     """Smallest power of two >= n (at least `lo`), capped at `hi`."""
     b = lo
@@ -397,6 +402,23 @@ class _Job:
     def prefilled(self) -> int:
         """Positions of `padded_ids` written so far."""
         return sum(size - back for size, back in self.chunks[:self.next_chunk])
+
+
+class _Chunk(NamedTuple):
+    """One job's next prefill chunk, planned on the host: `ids`/`valid` written from position
+    `index - back` (its first `back` re-fed, `_chunking`)."""
+    ids: np.ndarray
+    valid: np.ndarray
+    index: int
+    back: int
+    first: bool
+    last: bool
+    settings: SlotState
+
+
+def _stack(rows: Sequence[SlotState]) -> SlotState:
+    """One-row SlotStates of sampling fields -> one with a row each."""
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *rows)
 
 
 @dataclasses.dataclass(eq=False)
@@ -444,7 +466,8 @@ class ContinuousEngine:
     (another `params` object or `weight_version`) make every kept prefix stale.
     `stats["prefill_tokens"]` counts prompt tokens computed (not those a chunk re-feeds,
     `_chunking`), `stats["cached_tokens"]` those reused, and each result's `cached_tokens` its
-    own.
+    own; `stats["prefill_chunks"]` counts chunks (a row's, a step) and
+    `stats["prefill_dispatches"]` the `_prefill` dispatches that wrote them.
 
     The slot cache is allocated by the first step after the engine was idle; `release` drops
     it (and the prefix cache) while idle. `params` and `weight_version` may be replaced
@@ -456,10 +479,11 @@ class ContinuousEngine:
                  max_len: int = 4096, prefill_chunk: int = 512, decode_steps: int = 1,
                  top_logprobs: int = 0, min_chunk: int = 16, seed: int = 0,
                  weight_version: str = "0", prefix_cache: bool = True,
-                 dispatch_reads: int | None = None):
+                 dispatch_reads: int | None = None, prefill_rows: int = 8):
         for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
                                 ("prefill_chunk", prefill_chunk, 1),
-                                ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1)):
+                                ("decode_steps", decode_steps, 1), ("min_chunk", min_chunk, 1),
+                                ("prefill_rows", prefill_rows, 1)):
             if value < lo:
                 raise ValueError(f"ContinuousEngine.{name}={value}; must be >= {lo}")
         if dispatch_reads is not None and dispatch_reads < 1:
@@ -473,6 +497,7 @@ class ContinuousEngine:
         self.prefill_chunk, self.min_chunk = prefill_chunk, min_chunk
         self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
         self.prefix_cache, self.dispatch_reads = prefix_cache, dispatch_reads
+        self.prefill_rows = min(prefill_rows, max_batch)
         self._rng = np.random.default_rng(seed)
         self._state: SlotState | None = None
         self._queue: list[_Job] = []
@@ -483,8 +508,9 @@ class ContinuousEngine:
         self._next_rid = 0
         # (rid, exception) of the requests the last step dropped; the others went on
         self.failures: list[tuple[str, Exception]] = []
-        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "tokens": 0,
-                      "prefill_tokens": 0, "cached_tokens": 0, "prefix_copies": 0}
+        self.stats = {"decode_dispatches": 0, "prefill_chunks": 0, "prefill_dispatches": 0,
+                      "tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
+                      "prefix_copies": 0}
 
     # --- public API ----------------------------------------------------------------------------
     def admit_error(self, r: GenerateRequest) -> str | None:
@@ -575,12 +601,8 @@ class ContinuousEngine:
                                      params_mesh(self.params))
         self.failures = []
         self._admit()
-        for job in self._slots:
-            if job is not None and job.prefilling and job.rid not in hold:
-                try:
-                    self._prefill(job, finished)
-                except Exception as e:
-                    self._drop(job, e)
+        self._prefill_all([j for j in self._slots
+                           if j is not None and j.prefilling and j.rid not in hold], finished)
         if any(j is not None and not j.prefilling and j.rid not in hold for j in self._slots):
             self._decode_once(finished, hold)
         return finished
@@ -597,28 +619,27 @@ class ContinuousEngine:
     def programs(self, filtering: Collection[bool] = (False, True)
                  ) -> list[tuple[str, dict[str, int]]]:
         """Every program a step of this engine can dispatch, as (jitted function, its shapes):
-        `_prefill_chunk` for each chunk size `_chunking` can plan (`prefill_chunk` and the
-        power-of-two buckets from `min_chunk` below it) at each S bucket that holds it (a
+        `_prefill` of one row for each chunk size `_chunking` can plan (`prefill_chunk` and
+        the power-of-two buckets from `min_chunk` below it) at each S bucket that holds it (a
         later chunk, or one after a reused prefix, reads up to `max_len`), and with one token
-        at the smallest S bucket; `_decode` at each S bucket with its `steps_at` steps;
+        at the smallest S bucket, and of `prefill_rows` rows for the sizes of
+        `_batched_chunks`; `_decode` at each S bucket with its `steps_at` steps;
         `_copy_prefix` at each S bucket when the prefix cache is on. Each of the first two once
         per value of `filtering` that requests can need (both, unless every request samples
         alike)."""
         spans = [self._bucket(1)]
         while spans[-1] < self.max_len:
             spans.append(self._bucket(spans[-1] + 1))
-        top, b = self.prefill_chunk, min(self.min_chunk, self.prefill_chunk)
-        sizes = {top}
-        while b < top:
-            sizes.add(b)
-            b *= 2
-        sizes = {c for c in sizes if c < self.max_len}
+        sizes = self._chunk_sizes()
         prefills = [(c, b) for c in sorted(sizes) for b in spans if b >= self._bucket(c)]
         if 1 not in sizes:    # a short prompt on an empty slot with no room to pad it
             prefills.insert(0, (1, spans[0]))
+        rows = [(1, c, b) for c, b in prefills] + [
+            (self.prefill_rows, c, b) for c, b in prefills if c in self._batched_chunks()]
         out = []
         for f in filtering:
-            out += [("prefill", dict(chunk=c, span=b, filtering=int(f))) for c, b in prefills]
+            out += [("prefill", dict(rows=p, chunk=c, span=b, filtering=int(f)))
+                    for p, c, b in rows]
             out += [("decode", dict(span=b, steps=self.steps_at(b), filtering=int(f)))
                     for b in spans if b >= self._bucket(self.decode_steps)]
         if self.prefix_cache:
@@ -644,11 +665,12 @@ class ContinuousEngine:
         programs = self.programs(filtering)
         for kind, shape in programs:
             if kind == "prefill":
-                c = shape["chunk"]
-                s, *_ = _prefill_chunk(
-                    self.cfg, self.params, s, np.int32(0), np.zeros((c,), np.int32),
-                    np.ones((c,), np.bool_), np.int32(0), np.int32(0), np.bool_(True),
-                    np.bool_(True), settings, n_top=self.top_logprobs, span=shape["span"],
+                p, c = shape["rows"], shape["chunk"]
+                on, at = np.ones((p,), np.bool_), np.zeros((p,), np.int32)
+                s, *_ = _prefill(
+                    self.cfg, self.params, s, np.arange(p, dtype=np.int32),
+                    np.zeros((p, c), np.int32), np.ones((p, c), np.bool_), at, at, on, on,
+                    _stack([settings] * p), n_top=self.top_logprobs, span=shape["span"],
                     filtering=bool(shape["filtering"]))
             elif kind == "decode":
                 s, _ = _decode(self.cfg, self.params, s, rows, rows, n_steps=shape["steps"],
@@ -712,6 +734,17 @@ class ContinuousEngine:
     # --- internals -----------------------------------------------------------------------------
     def _bucket(self, n: int) -> int:
         return bucket(n, lo=min(2 * self.min_chunk, self.max_len), hi=self.max_len)
+
+    def _chunk_sizes(self) -> set[int]:
+        """The chunk sizes `_chunking` plans: `prefill_chunk` and the power-of-two buckets from
+        `min_chunk` below it, each below `max_len` (and one token, for a short prompt with no
+        room to pad it, which `programs` adds)."""
+        top, b = self.prefill_chunk, min(self.min_chunk, self.prefill_chunk)
+        sizes = {top}
+        while b < top:
+            sizes.add(b)
+            b *= 2
+        return {c for c in sizes if c < self.max_len}
 
     def _chunking(self, n: int, room: int | None = None, before: int = 0
                   ) -> tuple[int, tuple[tuple[int, int], ...]]:
@@ -858,33 +891,91 @@ class ContinuousEngine:
     def _filtering(self, jobs: list[_Job]) -> bool:
         return needs_filtering([j.request.sampling for j in jobs], self.cfg.vocab_size)
 
-    def _prefill(self, job: _Job, finished: list[GenerateResult]) -> None:
+    def _batched_chunks(self) -> set[int]:
+        """Chunk sizes that `prefill_rows` slots prefill in one dispatch: those that keep its
+        tokens (rows x chunk) within `BATCHED_PREFILL_TOKENS`. Bigger chunks go a row a
+        dispatch, each already costing about what its compute costs."""
+        p = self.prefill_rows
+        return {c for c in self._chunk_sizes() if p > 1 and p * c <= BATCHED_PREFILL_TOKENS}
+
+    def _prefill_all(self, jobs: list[_Job], finished: list[GenerateResult]) -> None:
+        """The next chunk of each job: equal-sized chunks of a batched size (`_batched_chunks`)
+        `prefill_rows` to a dispatch (padded to that row bucket), the others one a dispatch. A
+        job whose chunk cannot be planned is dropped alone; a failed dispatch drops its rows."""
+        planned: dict[int, list[tuple[_Job, _Chunk]]] = {}
+        for job in jobs:
+            try:
+                chunk = self._plan_chunk(job)
+            except Exception as e:
+                self._drop(job, e)
+                continue
+            planned.setdefault(len(chunk.ids), []).append((job, chunk))
+        batched = self._batched_chunks()
+        for size in sorted(planned):
+            group = planned[size]
+            n = self.prefill_rows if size in batched and len(group) > 1 else 1
+            for lo in range(0, len(group), n):
+                self._prefill_rows(group[lo:lo + n], finished)
+
+    def _plan_chunk(self, job: _Job) -> _Chunk:
         i, (size, back), at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
-        first, last = i == 0, i + 1 == len(job.chunks)
         index = job.start + at       # the chunk's first new position; it starts `back` before
         ids = job.padded_ids[at:at + size - back]
         valid = job.padded_valid[at:at + size - back]
         if back:
             held_ids, held_valid = self._held(job.slot, index - back, index)
             ids, valid = np.concatenate([held_ids, ids]), np.concatenate([held_valid, valid])
-        self._state, token, logprob, top_ids, top_lp, done = _prefill_chunk(
-            self.cfg, self.params, self._state, np.int32(job.slot), ids, valid,
-            np.int32(index - back), np.int32(index - back), np.bool_(first), np.bool_(last),
-            self._settings(job), n_top=self.top_logprobs, span=self._bucket(index - back + size),
-            filtering=self._filtering([job]))
+        return _Chunk(ids=ids, valid=valid, index=index, back=back, first=i == 0,
+                      last=i + 1 == len(job.chunks), settings=self._settings(job))
+
+    def _prefill_rows(self, rows: list[tuple[_Job, _Chunk]],
+                      finished: list[GenerateResult]) -> None:
+        """One `_prefill` dispatch of equal-sized chunks of distinct slots, padded to
+        `prefill_rows` rows when there are several (a padding row's slot is `max_batch`: out
+        of range, so its writes are dropped)."""
+        p = 1 if len(rows) == 1 else self.prefill_rows
+        pad = p - len(rows)
+        chunks = [c for _, c in rows] + [rows[0][1]] * pad
+        starts = np.asarray([c.index - c.back for c in chunks], np.int32)
+        try:
+            self._state, token, logprob, top_ids, top_lp, done = _prefill(
+                self.cfg, self.params, self._state,
+                np.asarray([job.slot for job, _ in rows] + [self.max_batch] * pad, np.int32),
+                np.stack([c.ids for c in chunks]), np.stack([c.valid for c in chunks]),
+                starts, starts, np.asarray([c.first for c in chunks]),
+                np.asarray([c.last for c in chunks]), _stack([c.settings for c in chunks]),
+                n_top=self.top_logprobs,
+                span=max(self._bucket(int(i) + len(c.ids)) for i, c in zip(starts, chunks)),
+                filtering=self._filtering([job for job, _ in rows]))
+        except Exception as e:
+            for job, _ in rows:
+                self._drop(job, e)
+            return
+        self.stats["prefill_dispatches"] += 1
+        # Only rows on their last chunk sampled a token the host needs.
+        sampled = (jax.device_get((token, logprob, top_ids, top_lp, done))
+                   if any(c.last for _, c in rows) else None)
+        for r, (job, chunk) in enumerate(rows):
+            try:
+                self._prefilled(job, chunk, sampled and tuple(x[r] for x in sampled), finished)
+            except Exception as e:   # this row's host work: the others' chunks still count
+                self._drop(job, e)
+
+    def _prefilled(self, job: _Job, chunk: _Chunk, sampled, finished: list[GenerateResult]
+                   ) -> None:
+        """Record one chunk of `job` written (and its first token, on its last chunk)."""
         job.next_chunk += 1
         content = self._content[job.slot]
-        real = np.flatnonzero(valid[back:])
-        content.ids += ids[back:][real].tolist()
-        content.pos += (index + real).tolist()
+        real = np.flatnonzero(chunk.valid[chunk.back:])
+        content.ids += chunk.ids[chunk.back:][real].tolist()
+        content.pos += (chunk.index + real).tolist()
         self.stats["prefill_chunks"] += 1
         self.stats["prefill_tokens"] += len(real)
-        if first:
+        if chunk.first:
             self.stats["cached_tokens"] += job.cached
-        if not last:
+        if not chunk.last:
             return
-        token, logprob, top_ids, top_lp, done = jax.device_get(
-            (token, logprob, top_ids, top_lp, done))
+        token, logprob, top_ids, top_lp, done = sampled
         stopped = int(token) in job.request.sampling.stop_token_ids
         self._record(job, [int(token)], [float(logprob)], top_ids[None], top_lp[None],
                      "stop" if stopped else "length" if bool(done) else None, finished)
