@@ -1,16 +1,19 @@
-"""Multi-turn rollouts with and without the engine's prefix cache, same run, same model.
+"""Multi-turn rollouts with and without the engine's prefix cache, and with the cache but a
+row a prefill dispatch (`prefill_rows=1`, no batched prefill), same run, same model.
 
 One group of G samples of a shared prompt, each played for a number of turns as an episode
 is: the next turn's prompt is the previous one + the reply + a tool output of fixed length.
 The G episodes run concurrently against one `ContinuousSampler` (each turn one `generate`
 call); the prefix cache lets the G samples share the prompt's prefill and each turn prefill
-only its new tokens. Reports output tokens per second over the whole group, prompt tokens
-prefilled (the engine's counter) and reused, for the cache on and off, alternating rounds after
-a warm-up that compiles every bucket; checks that both gave the same tokens (greedy).
+only its new tokens, and batched prefill lets the G episodes' turns share prefill dispatches.
+Reports output tokens per second over the whole group, prompt tokens prefilled (the engine's
+counter) and reused, and prefill dispatches, for each sampler, alternating rounds after a
+warm-up that compiles every bucket; checks that all gave the same tokens (greedy).
 
 CPU numbers (tiny model, fp32, shared cores): the prefill counter is exact on any machine;
 tokens/s says what the saved prefill is worth here, where prefill is compute a GPU would do
-much faster.
+much faster; so is the dispatch count (on a GPU each short-chunk dispatch costs a read of
+the weights; bench/gpu_compile.py estimates those bytes).
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ def main() -> None:
                                            prefix_cache=True, **kw),
         "no-cache": lambda: ContinuousSampler(cfg, params, prefill_chunk=128, top_logprobs=0,
                                               prefix_cache=False, **kw),
+        "row-a-dispatch": lambda: ContinuousSampler(cfg, params, prefill_chunk=128,
+                                                    top_logprobs=0, prefix_cache=True,
+                                                    prefill_rows=1, **kw),
     }
     shape = dict(g=args.samples, turns=args.turns, prompt=args.prompt, reply=args.reply,
                  tool=args.tool, vocab=cfg.vocab_size)
@@ -89,13 +95,14 @@ def main() -> None:
         for kind in make:
             sampler = make[kind]()
             runs[kind].append(asyncio.run(group(sampler, **shape)))
-            counters[kind] = sampler.take_counters()
+            counters[kind] = sampler.take_counters() | {
+                "prefill_dispatches": sampler.engine.stats["prefill_dispatches"]}
     tokens = sum(len(t) for sample in runs["cache"][0][1] for t in sample)
     same = all(r[0][1] == runs["cache"][0][1] for r in runs.values())
     rate = {k: tokens / float(np.median([s for s, _ in rs])) for k, rs in runs.items()}
     for kind in make:
         print(f"{kind:>9}: {rate[kind]:8,.0f} tok/s  {counters[kind]}")
-    on, off = counters["cache"], counters["no-cache"]
+    on, off, rows1 = counters["cache"], counters["no-cache"], counters["row-a-dispatch"]
     record(f"engine multi-turn (CPU fp32, tiny L={cfg.num_layers} D={cfg.hidden_size}, greedy): "
            f"{args.samples} samples x {args.turns} turns of one {args.prompt}-token prompt, "
            f"{args.reply}-token replies, {args.tool}-token tool outputs, continuous engine, "
@@ -103,7 +110,10 @@ def main() -> None:
            f"{on['prefill_tokens']:,} prompt tokens prefilled ({on['cached_tokens']:,} reused); "
            f"without {rate['no-cache']:,.0f} tok/s, {off['prefill_tokens']:,} prefilled; "
            f"prefill tokens {off['prefill_tokens'] / on['prefill_tokens']:.1f}x fewer, "
-           f"tok/s {rate['cache'] / rate['no-cache']:.2f}x; same greedy tokens: "
+           f"tok/s {rate['cache'] / rate['no-cache']:.2f}x; prefill dispatches "
+           f"{on['prefill_dispatches']:,} (batched prefill) against "
+           f"{rows1['prefill_dispatches']:,} a row a dispatch, tok/s "
+           f"{rate['cache'] / rate['row-a-dispatch']:.2f}x; same greedy tokens: "
            f"{same} (python bench/engine_multiturn.py)")
     if not same:
         raise SystemExit("the samplers gave different greedy tokens")

@@ -257,10 +257,11 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
         info["floor_bytes"] = decode_floor(_device_bytes(sp), _device_bytes(st.k) * 2,
                                            max_len, max_len, 1)
     if kind in ("prefill", "prefill_rows"):
-        # One row of a whole chunk, or the engine's batched dispatch at its largest chunk.
+        # One row of a whole chunk, or the engine's batched dispatch of the most rows (the
+        # most span read) at its largest chunk.
         eng = engine_mod.ContinuousEngine(scfg, None, max_batch=slots, max_len=max_len)
         rows, chunk = ((1, min(eng.prefill_chunk, max_len)) if kind == "prefill" else
-                       (eng.prefill_rows, max(eng._batched_chunks())))
+                       max((p, c) for c, p in eng._batched_rows().items()))
         settings = jax.tree.map(lambda x: None if x is None else one((rows,) + x.shape[1:],
                                                                      x.dtype),
                                 st_shapes._replace(k=None, v=None))

@@ -168,8 +168,9 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
     """Counted from the rules of `ContinuousEngine.programs`: S buckets 32 * 2^k below max_len,
     and max_len; prefill at each bucketed chunk size (16 * 2^k below prefill_chunk = 512, and
     512) at each S bucket >= the chunk's own, plus one-token chunks at S = 32, and again for
-    8 rows at the chunk sizes 8 rows batch (16 and 32: 8 x 32 <= BATCHED_PREFILL_TOKENS);
-    decode and prefix copy at each S bucket; prefill and decode once per filter value."""
+    the several rows of a batched size (16 and 32 for 8 rows, 64 for 4, 128 for 2: rows x
+    chunk <= BATCHED_PREFILL_TOKENS); decode and prefix copy at each S bucket; prefill and
+    decode once per filter value."""
     from orchestrax import registry
     from orchestrax.rollout.engine import needs_filtering
     from orchestrax.train.serve import ServeConfig
@@ -180,7 +181,7 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
     def count(max_len: int, filters: int) -> int:
         spans = [32 * 2**k for k in range(20) if 32 * 2**k < max_len] + [max_len]
         chunks = [16, 32, 64, 128, 256, 512]
-        prefill = sum(1 + (c <= 32) for c in chunks for s in spans if s >= max(c, 32)) + 1
+        prefill = sum(1 + (c <= 128) for c in chunks for s in spans if s >= max(c, 32)) + 1
         return filters * (prefill + len(spans)) + len(spans)
 
     params = models.init_params(CFG, 1)
@@ -190,15 +191,16 @@ def test_program_counts_of_the_trainer_and_serve_defaults():
     filters = {needs_filtering([SamplingParams(temperature=r.temperature, top_k=r.top_k,
                                                top_p=r.top_p)], CFG.vocab_size)}
     # 24000: 11 S buckets (32 ... 16384, 24000); chunks 16 and 32 at all 11, 64 at 10, 128 at
-    # 9, 256 at 8, 512 at 7: 56 + 1 one-token, and 22 of 8 rows; 11 decodes, 11 copies.
-    assert count(r.context_tokens, 1) == 56 + 1 + 22 + 11 + 11 == 101
-    assert len(trainer.engine.programs(filters)) == 101 and filters == {False}
+    # 9, 256 at 8, 512 at 7: 56 + 1 one-token, and 11 + 11 + 10 + 9 of several rows; 11
+    # decodes, 11 copies.
+    assert count(r.context_tokens, 1) == 56 + 1 + 41 + 11 + 11 == 120
+    assert len(trainer.engine.programs(filters)) == 120 and filters == {False}
 
     s = ServeConfig()
     serve = registry.build_sampler(SamplerConfig(
         backend="embedded", max_batch=s.max_batch, max_len=s.max_len,
         dispatch_reads=s.dispatch_reads), CFG, params)
     # 4096: 8 S buckets; chunks 16 and 32 at 8, 64 at 7, 128 at 6, 256 at 5, 512 at 4: 38 + 1,
-    # and 16 of 8 rows; both filter values: 2 x (55 + 8 decodes) + 8 copies.
-    assert count(s.max_len, 2) == 2 * (55 + 8) + 8 == 134
-    assert len(serve.engine.programs()) == 134
+    # and 8 + 8 + 7 + 6 of several rows; both filter values: 2 x (68 + 8 decodes) + 8 copies.
+    assert count(s.max_len, 2) == 2 * (68 + 8) + 8 == 160
+    assert len(serve.engine.programs()) == 160

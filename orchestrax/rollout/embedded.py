@@ -91,7 +91,8 @@ class ContinuousSampler(Sampler):
                  max_len: int = 4096, weight_version: str = "0", seed: int = 0,
                  prefill_chunk: int = 512, decode_steps: int = 8, min_chunk: int = 16,
                  top_logprobs: int = MAX_TOP_LOGPROBS, prefix_cache: bool = True,
-                 reserve_slots: int = 1, dispatch_reads: int | None = None):
+                 reserve_slots: int = 1, dispatch_reads: int | None = None,
+                 prefill_rows: int = 8):
         for name, value, lo in (("max_batch", max_batch, 1), ("max_len", max_len, 2),
                                 ("reserve_slots", reserve_slots, 0)):
             if value < lo:
@@ -124,7 +125,7 @@ class ContinuousSampler(Sampler):
             cfg, None, max_batch=max_batch, max_len=max_len,
             prefill_chunk=min(prefill_chunk, max_len), decode_steps=decode_steps,
             top_logprobs=top_logprobs, min_chunk=min_chunk, prefix_cache=prefix_cache,
-            dispatch_reads=dispatch_reads)
+            dispatch_reads=dispatch_reads, prefill_rows=prefill_rows)
         self._live: dict[str, _Pending] = {}    # engine rid -> caller, for rows in the engine
         # Free slots only a client that holds none may take (`_join_fairly`).
         self.reserve_slots = min(reserve_slots, max_batch - 1)

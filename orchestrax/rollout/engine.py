@@ -9,8 +9,8 @@ lengths share one decode step:
 - a queued request takes a free slot between decode steps; its prompt is prefilled into that
   slot in chunks of at most `prefill_chunk` tokens, one chunk per engine step, so a long prompt
   does not stall the rows that are decoding; short chunks of several slots (the next turns of
-  episodes, short prompts) share a dispatch, `prefill_rows` to it, so they read the weights
-  once (`BATCHED_PREFILL_TOKENS`);
+  episodes, short prompts) share a dispatch, up to `prefill_rows` to it, so they read the
+  weights once (`BATCHED_PREFILL_TOKENS`);
 - a row that stops (stop id, token budget, abort) frees its slot at the end of that step and
   the next queued request takes it; no row waits for the longest row of its batch.
 
@@ -22,8 +22,8 @@ bandwidth, is what limits the slot count.
 
 The model's blocks run under `models.forward_slots`: each row writes at its own index and
 positions continue from its own count of real tokens. Exactly two jitted functions run:
-`_prefill` (one compile per chunk-size bucket, and again for `prefill_rows` rows at the
-batched sizes) and `_decode` (one compile per S bucket:
+`_prefill` (one compile per chunk-size bucket, and again for several rows at the batched
+sizes) and `_decode` (one compile per S bucket:
 it reads and writes only the first `span` positions of every slot, the smallest power-of-two
 bucket that holds the longest occupied row), asserted by tests with `chex.assert_max_traces`;
 each twice at most, with and without the top-k/top-p sort, as the host knows from the rows
@@ -353,9 +353,9 @@ _copy_prefix = _jit(_copy_prefix_impl, ("span",))
 # --- host side --------------------------------------------------------------------------------
 # A prefill dispatch of several rows holds at most this many tokens (rows x chunk). A token
 # costs one flop per byte of bf16 weights (two per parameter), an H200 does ~200 flops in the
-# time it reads a byte (989 TFLOP/s, 4.8 TB/s; an H100 ~300): below ~200 tokens a dispatch
-# costs one read of the weights whatever its rows, so batching short chunks saves whole
-# reads, and batching long ones saves little.
+# time it reads a byte (989 TFLOP/s, 4.8 TB/s; an H100 ~300): below ~200-300 tokens a
+# dispatch costs about one read of the weights whatever its rows, so rows of short chunks
+# share that read, and a dispatch padded out from two real rows costs no more than one row.
 BATCHED_PREFILL_TOKENS = 256
 
 def bucket(n: int, *, lo: int, hi: int) -> int:
@@ -622,8 +622,7 @@ class ContinuousEngine:
         `_prefill` of one row for each chunk size `_chunking` can plan (`prefill_chunk` and
         the power-of-two buckets from `min_chunk` below it) at each S bucket that holds it (a
         later chunk, or one after a reused prefix, reads up to `max_len`), and with one token
-        at the smallest S bucket, and of `prefill_rows` rows for the sizes of
-        `_batched_chunks`; `_decode` at each S bucket with its `steps_at` steps;
+        at the smallest S bucket, and of several rows for the sizes `_batched_rows` names; `_decode` at each S bucket with its `steps_at` steps;
         `_copy_prefix` at each S bucket when the prefix cache is on. Each of the first two once
         per value of `filtering` that requests can need (both, unless every request samples
         alike)."""
@@ -634,8 +633,9 @@ class ContinuousEngine:
         prefills = [(c, b) for c in sorted(sizes) for b in spans if b >= self._bucket(c)]
         if 1 not in sizes:    # a short prompt on an empty slot with no room to pad it
             prefills.insert(0, (1, spans[0]))
+        batched = self._batched_rows()
         rows = [(1, c, b) for c, b in prefills] + [
-            (self.prefill_rows, c, b) for c, b in prefills if c in self._batched_chunks()]
+            (batched[c], c, b) for c, b in prefills if c in batched]
         out = []
         for f in filtering:
             out += [("prefill", dict(rows=p, chunk=c, span=b, filtering=int(f)))
@@ -891,16 +891,19 @@ class ContinuousEngine:
     def _filtering(self, jobs: list[_Job]) -> bool:
         return needs_filtering([j.request.sampling for j in jobs], self.cfg.vocab_size)
 
-    def _batched_chunks(self) -> set[int]:
-        """Chunk sizes that `prefill_rows` slots prefill in one dispatch: those that keep its
-        tokens (rows x chunk) within `BATCHED_PREFILL_TOKENS`. Bigger chunks go a row a
-        dispatch, each already costing about what its compute costs."""
-        p = self.prefill_rows
-        return {c for c in self._chunk_sizes() if p > 1 and p * c <= BATCHED_PREFILL_TOKENS}
+    def _batched_rows(self) -> dict[int, int]:
+        """chunk size -> the rows of one dispatch of chunks that size, for the sizes several
+        slots prefill together: up to `prefill_rows`, as many as keep the dispatch within
+        `BATCHED_PREFILL_TOKENS`, so that even padded out from two real rows it costs about
+        one read of the weights, what a one-row dispatch costs. Bigger chunks go a row a
+        dispatch (each already costing about its compute)."""
+        out = {c: min(self.prefill_rows, BATCHED_PREFILL_TOKENS // c)
+               for c in self._chunk_sizes()}
+        return {c: p for c, p in out.items() if p > 1}
 
     def _prefill_all(self, jobs: list[_Job], finished: list[GenerateResult]) -> None:
-        """The next chunk of each job: equal-sized chunks of a batched size (`_batched_chunks`)
-        `prefill_rows` to a dispatch (padded to that row bucket), the others one a dispatch. A
+        """The next chunk of each job: equal-sized chunks of a batched size (`_batched_rows`)
+        in dispatches of that size's rows (padded to them), the others one a dispatch. A
         job whose chunk cannot be planned is dropped alone; a failed dispatch drops its rows."""
         planned: dict[int, list[tuple[_Job, _Chunk]]] = {}
         for job in jobs:
@@ -910,12 +913,12 @@ class ContinuousEngine:
                 self._drop(job, e)
                 continue
             planned.setdefault(len(chunk.ids), []).append((job, chunk))
-        batched = self._batched_chunks()
+        batched = self._batched_rows()
         for size in sorted(planned):
             group = planned[size]
-            n = self.prefill_rows if size in batched and len(group) > 1 else 1
+            n = batched.get(size, 1)
             for lo in range(0, len(group), n):
-                self._prefill_rows(group[lo:lo + n], finished)
+                self._prefill_rows(group[lo:lo + n], n, finished)
 
     def _plan_chunk(self, job: _Job) -> _Chunk:
         i, (size, back), at = job.next_chunk, job.chunks[job.next_chunk], job.prefilled
@@ -928,12 +931,12 @@ class ContinuousEngine:
         return _Chunk(ids=ids, valid=valid, index=index, back=back, first=i == 0,
                       last=i + 1 == len(job.chunks), settings=self._settings(job))
 
-    def _prefill_rows(self, rows: list[tuple[_Job, _Chunk]],
+    def _prefill_rows(self, rows: list[tuple[_Job, _Chunk]], p: int,
                       finished: list[GenerateResult]) -> None:
-        """One `_prefill` dispatch of equal-sized chunks of distinct slots, padded to
-        `prefill_rows` rows when there are several (a padding row's slot is `max_batch`: out
-        of range, so its writes are dropped)."""
-        p = 1 if len(rows) == 1 else self.prefill_rows
+        """One `_prefill` dispatch of equal-sized chunks of distinct slots: one row alone, else
+        padded to `p` rows (a padding row's slot is `max_batch`: out of range, so its writes
+        are dropped)."""
+        p = 1 if len(rows) == 1 else p
         pad = p - len(rows)
         chunks = [c for _, c in rows] + [rows[0][1]] * pad
         starts = np.asarray([c.index - c.back for c in chunks], np.int32)
