@@ -262,14 +262,18 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
         eng = engine_mod.ContinuousEngine(scfg, None, max_batch=slots, max_len=max_len)
         rows, chunk = ((1, min(eng.prefill_chunk, max_len)) if kind == "prefill" else
                        max((p, c) for c, p in eng._batched_rows().items()))
-        settings = jax.tree.map(lambda x: None if x is None else one((rows,) + x.shape[1:],
-                                                                     x.dtype),
-                                st_shapes._replace(k=None, v=None))
         info["rows"] += f", {rows} x chunk {chunk}"
-        at, on = one((rows,), jnp.int32), one((rows,), jnp.bool_)
-        return engine_mod._prefill.lower(
-            scfg, sp, st, at, one((rows, chunk), jnp.int32), one((rows, chunk), jnp.bool_),
-            at, at, on, on, settings, n_top=0, span=max_len, filtering=True), info
+
+        def lower(rows):
+            settings = jax.tree.map(lambda x: None if x is None else one(
+                (rows,) + x.shape[1:], x.dtype), st_shapes._replace(k=None, v=None))
+            at, on = one((rows,), jnp.int32), one((rows,), jnp.bool_)
+            return engine_mod._prefill.lower(
+                scfg, sp, st, at, one((rows, chunk), jnp.int32), one((rows, chunk), jnp.bool_),
+                at, at, on, on, settings, n_top=0, span=max_len, filtering=True)
+        if rows > 1:     # the peer: the same chunks a row a dispatch
+            info["peer"] = (lower(1), rows)
+        return lower(rows), info
     keep = one((slots,), jnp.bool_)
     info["rows"] += ", 1 step"
     return engine_mod._decode.lower(scfg, sp, st, keep, keep, n_steps=1, n_top=0,
@@ -444,6 +448,12 @@ def compile_case(case: Case, smoke: bool, options: dict | None = None) -> dict:
     hlo = compiled.as_text()
     facts = hlo_facts(hlo, info.get("copy_bytes"))
     traffic = hbm_traffic.estimate(hlo)
+    if "peer" in info:   # a batched prefill against its rows dispatched one by one
+        peer, n = info["peer"]
+        alone = n * hbm_traffic.estimate(peer.compile(compiler_options=options or None).as_text(
+            )).total
+        info["rows"] += (f" (HBM est. {traffic.total / alone:.2f}x that of {n} one-row "
+                         f"dispatches, {alone / GIB:.1f} GiB)")
     remat = len(re.findall(r"[Ii]nvoluntary full rematerialization", err["text"]))
     try:
         cost = compiled.cost_analysis()

@@ -19,6 +19,10 @@ writes its outputs to HBM. Per instruction of a computation that runs on the hos
     parameter updates that buffer in place (XLA's buffer assignment shares it; where it could
     not, it adds a `copy`, counted on its own): it writes only the update's bytes, and that
     parameter is not read unless something else in the fusion reads it;
+  - a dynamic-update-slice or scatter of a fused parameter that is not a root (XLA re-derives
+    the updated buffer inside a fusion that only slices it: a prefill's attention gathering
+    its rows from the layer cache just written) reads the parameter as its own users do:
+    slices of it read their bytes (the update is read as the operand it is);
   - a dynamic-slice fusion whose hero is a copy (`"dynamic_slice_fusion"` custom fusion) is a
     device-to-device copy of the slice: the slice read, the slice written;
 - any other instruction (copy, custom-call such as a cuBLAS gemm or cuDNN attention, sort,
@@ -244,8 +248,9 @@ def _param_read(comp: Computation, param: Instr, in_place: set[str]) -> int:
     while frontier:                        # look through bitcasts to the real users
         x = frontier.pop()
         for u in comp.users.get(x.name, []):
-            if u.opcode == "bitcast":
-                frontier.append(u)
+            if u.opcode == "bitcast" or (u.opcode in IN_PLACE and u.operands[0] == x.name
+                                         and u.name not in in_place):
+                frontier.append(u)         # a non-root update: read as its users read it
             elif u.name not in seen:
                 seen.add(u.name)
                 users.append((x, u))

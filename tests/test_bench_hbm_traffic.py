@@ -101,6 +101,40 @@ def test_slice_reads_conditional_branches_and_workspace():
                                           "(f32[8,1024], s8[4096]), x1) 0.09 MiB")
 
 
+# A prefill's attention input as XLA:GPU fused it: the last row's chunk written into the
+# layer cache again inside the fusion (its in-place write is another fusion), then two rows
+# gathered out of the updated buffer and padded.
+REDERIVED = """HloModule m, entry_computation_layout={(f32[64,1024]{1,0}, f32[1,1024]{1,0}, s32[2,1]{1,0}, s32[])->f32[2,1,1280]{2,1,0}}
+
+%fused_gather (c: f32[64,1024], u: f32[1,1024], r: s32[2,1], i: s32[]) -> f32[2,1,1280] {
+  %c = f32[64,1024]{1,0} parameter(0)
+  %u = f32[1,1024]{1,0} parameter(1)
+  %r = s32[2,1]{1,0} parameter(2)
+  %i = s32[] parameter(3)
+  %z = s32[] constant(0)
+  %w = f32[64,1024]{1,0} dynamic-update-slice(%c, %u, %i, %z)
+  %g = f32[2,1,1024]{2,1,0} gather(%w, %r), offset_dims={1,2}, collapsed_slice_dims={}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,1024}
+  %zero = f32[] constant(0)
+  ROOT %p = f32[2,1,1280]{2,1,0} pad(%g, %zero), padding=0_0x0_0x0_256
+}
+
+ENTRY %main (c: f32[64,1024], u: f32[1,1024], r: s32[2,1], i: s32[]) -> f32[2,1,1280] {
+  %c = f32[64,1024]{1,0} parameter(0)
+  %u = f32[1,1024]{1,0} parameter(1)
+  %r = s32[2,1]{1,0} parameter(2)
+  %i = s32[] parameter(3)
+  ROOT %f = f32[2,1,1280]{2,1,0} fusion(%c, %u, %r, %i), kind=kLoop, calls=%fused_gather
+}
+"""
+
+
+def test_an_update_inside_a_fusion_reads_only_what_is_sliced_of_its_buffer():
+    t = hbm_traffic.estimate(REDERIVED)
+    # the two gathered rows (8 KiB) of the 256 KiB cache, the 4 KiB update, the s32[2,1]
+    # rows and the s32 index read; the padded [2, 1, 1280] f32 output (10 KiB) written
+    assert t.total == 8192 + 4096 + 8 + 4 + 10240, t.items
+
+
 # A decode step's layer loop as XLA:GPU compiled it with the cache stacked [L, ...]: the new
 # K row written in place, then a kLoop fusion copies the layer's K and V out of the cache, a
 # copy-hero dynamic-slice fusion a layer's weight out of the stacked params.
