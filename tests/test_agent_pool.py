@@ -80,7 +80,8 @@ def test_pool_matches_in_process_and_survives_a_dead_worker(tmp_path):
     with EpisodePool(build, workers=2, max_in_flight=8) as pool:
         got = asyncio.run(pool.play([_task(i) for i in range(n)]))
         assert (tmp_path / "died").exists()          # worker 1 (odd tasks) really died once
-        again = asyncio.run(pool.play([_task(i) for i in range(3)]))  # the replacement serves on
+        done = []   # reported on the caller's loop as results come back
+        again = asyncio.run(pool.play([_task(i) for i in range(3)], done.append))
     assert [t.task_id for t in got] == [f"t{i}" for i in range(n)]
     for a, b in zip(got, ref):
         assert a.end_reason == b.end_reason == "answer"
@@ -88,7 +89,8 @@ def test_pool_matches_in_process_and_survives_a_dead_worker(tmp_path):
         assert a.logprobs == b.logprobs
         assert [c.name for c in a.tool_calls] == ["fast", "slow", "fast"]
         assert a.cost == pytest.approx(0.012)
-    assert [t.token_ids for t in again] == [t.token_ids for t in ref[:3]]
+    assert [t.token_ids for t in again] == [t.token_ids for t in ref[:3]]  # the replacement
+    assert sum(done) == 3                                                  # serves on
 
 
 def test_pool_errors_carry_the_worker_traceback():

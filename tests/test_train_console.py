@@ -113,3 +113,58 @@ def test_eval_settings_that_differ_from_training_are_named():
     same = base.replace(eval_temperature=1.0, eval_samples=8)
     assert console.eval_differences(same) == []
     assert console.eval_differences(base.replace(eval_every=0)) == []   # no eval rows
+
+
+class _Bar:
+    """A progress bar that records what it is told."""
+
+    made: list["_Bar"] = []
+
+    def __init__(self, total, initial, desc, unit="step", leave=True):
+        self.total, self.desc, self.unit, self.leave = total, desc, unit, leave
+        self.updates, self.closed = [], False
+        _Bar.made.append(self)
+
+    def update(self, n=1):
+        self.updates.append(n)
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_eval_counts_its_episodes_on_a_bar_of_its_own(monkeypatch):
+    """The trainer's eval (the demo's longest quiet stretch before: a minute of rollouts with
+    no step bar moving) drives its own bar: tasks x eval_samples episodes, one tick as each
+    finishes, erased when done (the row's line says how it went)."""
+    import asyncio
+    import types
+
+    from orchestrax.agent.codec import Codec
+    from orchestrax.agent.episode import EpisodeConfig
+    from orchestrax.agent.scripted import ScriptedSampler, tiny_qwen3_tokenizer
+    from orchestrax.data.instances import prepare_instance
+    from orchestrax.rollout.sampler import SamplingParams
+    from orchestrax.train import loop, rollouts, setup
+
+    cfg = TrainConfig(name="t", model=models.tiny_config(), env=RoutingConfig(num_eval=3),
+                      eval_every=1, eval_samples=2, eval_temperature=0.7,
+                      rollout=RolloutConfig(max_new_tokens=24, max_turns=2, context_tokens=768,
+                                            enable_thinking=False))
+    env = setup.make_env(cfg)
+    codec = Codec(tiny_qwen3_tokenizer())
+    trainer = object.__new__(loop.Trainer)   # the eval's own parts, no model or engine
+    trainer.cfg, trainer.env, trainer.step, trainer.phase = cfg, env, 5, "rl"
+    trainer.eval_tasks = [prepare_instance(t, env, split="eval", seed=i, config=cfg.instances)
+                          for i, t in enumerate(env.tasks("eval"))]
+    trainer.ckpt = types.SimpleNamespace(commit=lambda: None)
+    trainer.episode_cfg = EpisodeConfig(max_turns=2, context_tokens=768, max_new_tokens=24,
+                                        enable_thinking=False, sampling=SamplingParams())
+    trainer.rollouts = rollouts.DirectRollouts(
+        cfg, env, ScriptedSampler(codec, ["<answer>done</answer>"]), codec)
+    _Bar.made = []
+    monkeypatch.setattr(loop, "progress", _Bar)
+    row = asyncio.run(trainer._evaluate())
+    (bar,) = _Bar.made
+    assert (bar.desc, bar.total, bar.unit, bar.leave) == ("eval at step 5", 6, "episode", False)
+    assert bar.updates == [1] * 6 and bar.closed
+    assert row["phase"] == "eval" and row["step"] == 5

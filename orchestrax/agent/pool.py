@@ -20,6 +20,7 @@ is played again once; a second death raises.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import multiprocessing
 import queue
@@ -168,16 +169,23 @@ class EpisodePool:
             proc.join()
             return "died", f"exit code {proc.exitcode}"
 
-    async def play(self, jobs: Sequence[Any]) -> list[Any]:
+    async def play(self, jobs: Sequence[Any],
+                   on_done: Callable[[int], object] | None = None) -> list[Any]:
         """Play every job; job i goes to worker i % workers (a GRPO group's copies of one task
-        spread over the workers). Results come back in job order."""
+        spread over the workers). Results come back in job order. `on_done(n)` is called on
+        this event loop as each batch of n results arrives (a progress bar's update; a share
+        replayed after its worker died counts again)."""
         n = len(self._workers)
         shares = [list(jobs[w::n]) for w in range(n)]
+        report = None
+        if on_done is not None:
+            loop = asyncio.get_running_loop()
+            report = functools.partial(loop.call_soon_threadsafe, on_done)
         # Every share runs to its end before an error is raised: a worker's pipe must never have
         # two readers (this batch's and the next one's).
         with young_gc_threshold():  # unpickling thousands of trajectories
             done = await asyncio.gather(
-                *(self._play_share(w, s) for w, s in enumerate(shares) if s),
+                *(self._play_share(w, s, report) for w, s in enumerate(shares) if s),
                 return_exceptions=True)
         for outcome in done:
             if isinstance(outcome, BaseException):
@@ -187,10 +195,10 @@ class EpisodePool:
             results[w::n] = share
         return results
 
-    async def _play_share(self, w: int, share: list[Any]) -> list[Any]:
+    async def _play_share(self, w: int, share: list[Any], report) -> list[Any]:
         for attempt in range(2):
             proc, conn = self._workers[w]
-            status, detail = await asyncio.to_thread(self._exchange, conn, proc, share)
+            status, detail = await asyncio.to_thread(self._exchange, conn, proc, share, report)
             if status == "done":
                 return detail
             if status == "error":
@@ -200,8 +208,9 @@ class EpisodePool:
             self._workers[w] = await asyncio.to_thread(self._start)
         raise WorkerError(f"episode worker {w} died twice on the same share ({detail})")
 
-    def _exchange(self, conn, proc, share):
-        """Runs in a thread: send the share, collect its streamed results."""
+    def _exchange(self, conn, proc, share, report):
+        """Runs in a thread: send the share, collect its streamed results (`report(n)` for
+        each part of n, when given)."""
         try:
             conn.send(share)
         except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -214,6 +223,8 @@ class EpisodePool:
                 return (status, results) if status == "done" else (status, detail)
             for index, result in detail:
                 results[index] = result
+            if report is not None:
+                report(len(detail))
 
     def close(self) -> None:
         for proc, conn in self._workers:

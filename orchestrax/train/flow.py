@@ -12,7 +12,7 @@ frozen: their tokens never enter the batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from orchestrax.agent.subagent import (ROLES, SubagentRollout, build_subagents, 
                                        query_tools, run_query)
 from orchestrax.data.records import Task
 from orchestrax.rollout.sampler import SamplerConfig
-from orchestrax.train.rollouts import grouped, task_tool_names
+from orchestrax.train.rollouts import counted, grouped, task_tool_names, uncounted
 from orchestrax.train.agent_config import AgentConfig
 
 if TYPE_CHECKING:
@@ -90,14 +90,15 @@ class FlowRunner:
     async def close(self) -> None:
         pass
 
-    async def rollout(self, tasks: Sequence[Task], group: int, episode,
-                      seeds: np.ndarray) -> tuple[list[list[SubagentRollout]], np.ndarray]:
+    async def rollout(self, tasks: Sequence[Task], group: int, episode, seeds: np.ndarray,
+                      on_done: Callable[[int], object] = uncounted
+                      ) -> tuple[list[list[SubagentRollout]], np.ndarray]:
         """G rollouts per task with the orchestrator sampling as `episode.sampling` says; its
         turns draw from the sampler's own stream (`seeds` are for Direct-mode episodes)."""
         async def one(task):
             return await self.play(task, episode.sampling)
 
-        played = await fan_out(one, [t for t in tasks for _ in range(group)],
+        played = await fan_out(counted(one, on_done), [t for t in tasks for _ in range(group)],
                                max_in_flight=self.cfg.rollout.max_in_flight)
         return grouped(played, len(tasks), group)
 

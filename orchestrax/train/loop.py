@@ -392,10 +392,11 @@ class Trainer:
 
     # --- pieces --------------------------------------------------------------------------------
     async def _rollout(self, tasks: Sequence[Task], group: int,
-                       temperature: float | None = None
+                       temperature: float | None = None,
+                       on_done: Callable[[int], object] = rollouts.uncounted
                        ) -> tuple[list[list[Trajectory]], np.ndarray]:
         """G episodes per task, all in flight at once (up to rollout.max_in_flight); returns
-        the groups and outcomes [Q, G]."""
+        the groups and outcomes [Q, G]. `on_done(n)` as n more episodes finish."""
         cfg = self.episode_cfg
         if temperature is not None:
             cfg = dataclasses.replace(cfg, sampling=SamplingParams(
@@ -409,7 +410,7 @@ class Trainer:
                                        0 if train else run_info.EVAL_SALT, len(tasks) * group,
                                        group=group,
                                        shared=self.cfg.grpo.group_tasks if train else 1)
-        return await self.rollouts.rollout(tasks, group, cfg, seeds)
+        return await self.rollouts.rollout(tasks, group, cfg, seeds, on_done)
 
     async def _publish_weights(self) -> None:
         version = str(self._global_step())
@@ -421,8 +422,16 @@ class Trainer:
         # The checkpoint before it is whole before the eval's minutes.
         await asyncio.to_thread(self.ckpt.commit)
         tasks = list(self.eval_tasks)
-        groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
-                                              temperature=self.cfg.eval_temperature)
+        # Its own bar, erased when done (the row's line says how it went): an eval takes as
+        # long as several steps, with no step bar moving.
+        bar = progress(len(tasks) * self.cfg.eval_samples, 0, f"eval at step {self.step}",
+                       unit="episode", leave=False)
+        try:
+            groups, outcome = await self._rollout(tasks, self.cfg.eval_samples,
+                                                  temperature=self.cfg.eval_temperature,
+                                                  on_done=bar.update)
+        finally:
+            bar.close()
         flat = [tr for gr in groups for tr in gr]
         row = {"phase": "eval", "step": self.step, "rollout/accuracy": float(outcome.mean()),
                "rollout/cost_mean": float(np.mean([tr.cost for tr in flat])),

@@ -202,9 +202,9 @@ class MetricsLog:
             self._wandb = None
 
 
-def progress(total: int, initial: int, desc: str):
-    """A tqdm bar over steps (shown on a terminal only, and not for a phase of no steps: a warm
-    start's RL phase; log lines print above it)."""
+def progress(total: int, initial: int, desc: str, unit: str = "step", leave: bool = True):
+    """A tqdm bar over steps or `unit`s (shown on a terminal only, and not for a phase of none:
+    a warm start's RL phase; log lines print above it). `leave=False`: erased when closed."""
     from tqdm import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, unit="step",
-                disable=None if total else True, dynamic_ncols=True, leave=True)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit,
+                disable=None if total else True, dynamic_ncols=True, leave=leave)

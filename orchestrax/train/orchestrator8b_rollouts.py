@@ -11,7 +11,7 @@ environment's tools, which the protocol does not offer, so its tool weights are 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from orchestrax.agent.orchestrator8b_experts import ExpertPool, load_experts, to
 from orchestrax.data.records import Task, Trajectory
 from orchestrax.envs.environment import play_task
 from orchestrax.train.flow import shared_tools
-from orchestrax.train.rollouts import DirectRollouts, EpisodeJob
+from orchestrax.train.rollouts import DirectRollouts, EpisodeJob, counted
 
 
 def protocol_preferences(tasks: Sequence[Task]) -> list[list[float]]:
@@ -48,7 +48,8 @@ class Orchestrator8BRollouts(DirectRollouts):
                                   retriever=None if search is None else tool_retriever(search))
         self.max_turn_tokens = a.train_turn_tokens or cfg.rollout.context_tokens
 
-    async def _play(self, jobs: list[EpisodeJob]) -> list[tuple[Trajectory, float]]:
+    async def _play(self, jobs: list[EpisodeJob], on_done: Callable[[int], object]
+                    ) -> list[tuple[Trajectory, float]]:
         async def one(job: EpisodeJob):
             ep = job.episode
 
@@ -60,7 +61,8 @@ class Orchestrator8BRollouts(DirectRollouts):
 
             return await play_task(self.env, job.task, run, tools=[])
 
-        return await fan_out(one, jobs, max_in_flight=self.cfg.rollout.max_in_flight)
+        return await fan_out(counted(one, on_done), jobs,
+                             max_in_flight=self.cfg.rollout.max_in_flight)
 
     def make_batch(self, tasks, groups, outcome_QG, pad_id: int):
         return rounds_batch(tasks, groups, outcome_QG, self.cfg.grpo, pad_id=pad_id,

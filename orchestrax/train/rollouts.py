@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import logging
 import pathlib
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -116,16 +116,32 @@ class EpisodePlayer:
         await self.sampler.aclose()
 
 
+def uncounted(n: int) -> None:
+    """A rollout's `on_done` when nothing counts its finished episodes."""
+
+
+def counted(fn: Callable[[Any], Awaitable[Any]], on_done: Callable[[int], object]
+            ) -> Callable[[Any], Awaitable[Any]]:
+    """`fn` calling `on_done(1)` after each call returns (a progress bar's update)."""
+    async def one(item):
+        result = await fn(item)
+        on_done(1)
+        return result
+
+    return one
+
+
 class RolloutDriver(Protocol):
-    """What the trainer asks of a rollout driver: G rollouts per task, their batch, their clock
-    and the sampler's counters since the last ask."""
+    """What the trainer asks of a rollout driver: G rollouts per task (`on_done(n)` as n more
+    finish), their batch, their clock and the sampler's counters since the last ask."""
 
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
     async def rollout(self, tasks: Sequence[Task], group: int, episode: EpisodeConfig,
-                      seeds: np.ndarray) -> tuple[list[list[Any]], np.ndarray]: ...
+                      seeds: np.ndarray, on_done: Callable[[int], object] = uncounted
+                      ) -> tuple[list[list[Any]], np.ndarray]: ...
 
     def make_batch(self, tasks: Sequence[Task], groups: Sequence[Sequence[Any]],
                    outcome_QG: np.ndarray, pad_id: int
@@ -189,20 +205,23 @@ class DirectRollouts:
     async def close(self) -> None:
         pass
 
-    async def _play(self, jobs: list[EpisodeJob]) -> list[tuple[Trajectory, float]]:
+    async def _play(self, jobs: list[EpisodeJob], on_done: Callable[[int], object]
+                    ) -> list[tuple[Trajectory, float]]:
         async def one(job):
             return await play(self.env, self.sampler, self.codec, self.executor, job)
 
-        return await fan_out(one, jobs, max_in_flight=self.cfg.rollout.max_in_flight)
+        return await fan_out(counted(one, on_done), jobs,
+                             max_in_flight=self.cfg.rollout.max_in_flight)
 
     async def rollout(self, tasks: Sequence[Task], group: int, episode: EpisodeConfig,
-                      seeds: np.ndarray) -> tuple[list[list[Trajectory]], np.ndarray]:
+                      seeds: np.ndarray, on_done: Callable[[int], object] = uncounted
+                      ) -> tuple[list[list[Trajectory]], np.ndarray]:
         """G episodes per task; episode k samples with seed `seeds[k]` (its turns seed + turn)."""
         jobs = [EpisodeJob(task=t, episode=dataclasses.replace(
                     episode, sampling=dataclasses.replace(episode.sampling,
                                                           sampling_seed=int(seed))))
                 for t, seed in zip((t for t in tasks for _ in range(group)), seeds)]
-        return grouped(await self._play(jobs), len(tasks), group)
+        return grouped(await self._play(jobs, on_done), len(tasks), group)
 
     def make_batch(self, tasks, groups, outcome_QG, pad_id: int):
         return direct_batch(self.cfg, self.env, tasks, groups, outcome_QG, pad_id)
@@ -249,8 +268,9 @@ class PooledRollouts(DirectRollouts):
             await self._server.cleanup()  # also closes the sampler it serves
             self._server = None
 
-    async def _play(self, jobs: list[EpisodeJob]) -> list[tuple[Trajectory, float]]:
-        played = await self.pool.play(jobs)
+    async def _play(self, jobs: list[EpisodeJob], on_done: Callable[[int], object]
+                    ) -> list[tuple[Trajectory, float]]:
+        played = await self.pool.play(jobs, on_done)
         # Each episode brings its worker's client counters back; the next row logs them.
         self._worker_counters = sum_counters(
             [self._worker_counters, *(counters for _, _, counters in played)])
