@@ -114,6 +114,52 @@ def test_demo_terminal_shows_its_own_lines_and_warnings_the_log_file_everything(
         assert line in text
 
 
+# What `orchestrax eval` writes while the demo waits on it: lines, and its episode bar (tqdm
+# to a pipe, erased when done) between them.
+_EVAL_CHILD = """
+from tqdm import tqdm
+print("eval settings: samples=4", flush=True)
+bar = tqdm(total=64, desc="routing [grpo]", leave=False)
+for _ in range(64):
+    bar.update(1)
+    bar.set_postfix(acc="0.950", usd="0.0123")
+bar.close()
+print("task set  acc\\nrouting   0.95")
+print("wrote eval.json", end="")
+"""
+
+
+def test_orchestrax_eval_s_episode_bar_drives_the_demo_s_and_stays_out_of_the_log(tmp_path):
+    """`orchestrax eval` of each policy took a minute with nothing moving on the screen: its
+    bar's frames now count the demo's episodes (done, of the right total), and only its lines
+    reach demo.log."""
+    seen = []
+    log = tmp_path / "demo.log"
+    code, lines = demo.run_logged([sys.executable, "-c", _EVAL_CHILD], log,
+                                  lambda done, total: seen.append((done, total)))
+    assert code == 0
+    assert seen[-1] == (64, 64) and {t for _, t in seen} == {64}
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) > 2
+    assert lines == ["eval settings: samples=4", "task set  acc", "routing   0.95",
+                     "wrote eval.json"]
+    text = log.read_text()
+    assert text.endswith("\n".join(lines) + "\n") and "\r" not in text and "64/64" not in text
+
+
+def test_eval_episodes_short_of_an_answer_are_one_line():
+    """What an eval accuracy below 1 is made of, said on the terminal: episodes cut at the
+    context limit or out of turns, and answers with no valid tool call; nothing when none."""
+    def rec(end, calls):
+        return {"end_reason": end, "calls": calls}
+
+    fine = [rec("answer", {"cheap": 1}), rec("answer", {"fast": 1})]
+    assert demo.short_episodes(fine) == ""
+    out = demo.short_episodes(fine + [rec("context", {}), rec("answer", {}),
+                                      rec("context", {"cheap": 1}), rec("max_turns", {})])
+    assert out == ("of 6 episodes, 2 cut at the context limit, 1 answered with no valid tool "
+                   "call, 1 out of turns")
+
+
 @pytest.mark.slow
 def test_grpo_moves_the_one_policy_towards_each_kind_s_tool(tmp_path):
     """The demo's recipe shortened to 8 GRPO steps from its own warm start: the policy's

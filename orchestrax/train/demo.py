@@ -14,24 +14,28 @@ kind, the preferred tool's share of calls before and after GRPO, as the trainer'
 `<out>/preference_shares.png` plots the preferred tool's share per P kind per GRPO step and the
 eval numbers. Rerunning resumes every run where it stopped.
 
-The terminal shows the progress bars, a line per stage, warnings and the tables; every log line
-of the runs and the `orchestrax eval` output go to `<out>/demo.log`.
+The terminal shows the progress bars (each eval's too: the trainer's and `orchestrax eval`'s
+episodes), a line per stage, warnings, a line for eval episodes that ended short of an answer
+and the tables; every log line of the runs and the `orchestrax eval` output go to
+`<out>/demo.log`.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import logging
 import math
+import re
 import runpy
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -45,6 +49,7 @@ from orchestrax.train import console, plots, setup
 from orchestrax.train.checkpoint import load_model
 from orchestrax.train.train_config import TrainConfig
 from orchestrax.train.loop import train
+from orchestrax.train.metrics_log import progress
 
 CONFIG = "configs/demo.py"
 KINDS = ("cost", "latency")
@@ -139,9 +144,10 @@ def run(cmd: DemoCommand) -> int:
     train(grpo)
     trained = time.perf_counter()
     log.info("orchestrax eval of both policies on the held-out tasks")
-    evals = {"warm start": orchestrax_eval(warm, base / "eval_warmstart", None, base / LOG)}
+    evals = {"warm start": orchestrax_eval(warm, base / "eval_warmstart", None, base / LOG,
+                                           "warm start")}
     evals["GRPO"] = orchestrax_eval(grpo, base / "eval_grpo",
-                                    base / "eval_warmstart" / "eval.json", base / LOG)
+                                    base / "eval_warmstart" / "eval.json", base / LOG, "GRPO")
     minutes = ((trained - start) / 60, (time.perf_counter() - trained) / 60)
     rows = [("before RL (warm start)", eval_rows(warm)[-1], evals["warm start"]),
             ("GRPO, one policy", eval_rows(grpo)[-1], evals["GRPO"])]
@@ -226,29 +232,93 @@ def _cell(x: float | None, width: int, fmt: str = ".2f") -> str:
     return f"{'-' if x is None or math.isnan(x) else format(x, fmt):>{width}s}"
 
 
-def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None,
-                    log_path: Path) -> dict[str, Any]:
+def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None, log_path: Path,
+                    label: str) -> dict[str, Any]:
     """`orchestrax eval` of a run dir on the routing task set (episode settings and the routing
-    env from the run's own config), its output appended to `log_path`: {"adherence" (against
-    `baseline`'s eval.json, None without), "accuracy", "share": {kind: the preferred tool's
-    share of calls on that kind's tasks, the env's `preferred_share_<kind>` as the trainer's
-    eval computes it}}."""
+    env from the run's own config), its output appended to `log_path` and its episodes counted
+    on a bar named by `label`: {"adherence" (against `baseline`'s eval.json, None without),
+    "accuracy", "share": {kind: the preferred tool's share of calls on that kind's tasks, the
+    env's `preferred_share_<kind>` as the trainer's eval computes it}}. Episodes that ended
+    short of a tool's answer are said in one line."""
     # The command itself, in its own process: the trainer's layer does not import eval's.
     argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy", cfg.out_dir,
-            "--tasks", "routing", "--turn-sweep", "", "--out", str(out), "--no-progress"]
+            "--tasks", "routing", "--turn-sweep", "", "--out", str(out)]
     argv += ["--baseline", str(baseline)] if baseline else []
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with log_path.open("a") as f:
-        f.write(f"$ {' '.join(argv)}\n{proc.stdout}")
-    if proc.returncode:
-        tail = "\n".join(proc.stdout.splitlines()[-20:])
+    bar = None
+
+    def count(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress(total, 0, f"orchestrax eval, {label}", unit="episode", leave=False)
+        bar.update(done - bar.n)
+
+    try:
+        code, lines = run_logged(argv, log_path, count)
+    finally:
+        if bar is not None:
+            bar.close()
+    if code:
+        tail = "\n".join(lines[-20:])
         raise SystemExit(f"{tail}\norchestrax eval of {cfg.out_dir} failed (exit "
-                         f"{proc.returncode}); its output is in {log_path}")
+                         f"{code}); its output is in {log_path}")
     payload = json.loads((out / "eval.json").read_text())
     (row,) = payload["rows"]
+    short = short_episodes([r for recs in payload["records"].values() for r in recs])
+    if short:
+        log.info("orchestrax eval, %s: %s (each episode in %s)", label, short, out / "eval.json")
     env = row.get("env", {})   # the routing env's own stats, as the trainer's eval rows log them
     return {"adherence": row["adherence"], "accuracy": row["accuracy"],
             "share": {k: env.get(f"preferred_share_{k}", math.nan) for k in KINDS}}
+
+
+# tqdm's frame "desc:  50%|█████     | 32/64 [00:05<00:05, ...": the episodes done and in all.
+_FRAME = re.compile(rb"\| *(\d+)/(\d+) \[")
+
+
+def run_logged(argv: list[str], log_path: Path, on_progress: Callable[[int, int], None]
+               ) -> tuple[int, list[str]]:
+    """Run `argv`, its output lines appended to `log_path` as they come; the progress-bar
+    frames it draws (tqdm's, ended by a carriage return) go to `on_progress(done, total)`
+    instead. Returns its exit code and output lines."""
+    lines: list[str] = []
+    with log_path.open("a") as f:
+        f.write(f"$ {' '.join(argv)}\n")
+        f.flush()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        pending = b""
+        while chunk := proc.stdout.read1(65536):
+            *segments, pending = re.split(rb"(\r\n|\r|\n)", pending + chunk)
+            for text, end in zip(segments[::2], segments[1::2]):
+                frame = _FRAME.search(text) if end == b"\r" else None
+                if frame:
+                    on_progress(int(frame[1]), int(frame[2]))
+                elif text.strip():
+                    lines.append(text.decode(errors="replace"))
+                    f.write(lines[-1] + "\n")
+                    f.flush()
+        if pending.strip():
+            lines.append(pending.decode(errors="replace"))
+            f.write(lines[-1] + "\n")
+    return proc.wait(), lines
+
+
+# Why an eval episode ended before answering (`EpisodeRecord.end_reason`), as the user reads it.
+# A failed one ("error") fails `orchestrax eval` itself.
+_SHORT = {"context": "cut at the context limit", "max_turns": "out of turns"}
+
+
+def short_episodes(records: list[dict[str, Any]]) -> str:
+    """How many of an eval's episodes (eval.json records) ended before answering, and why, and
+    how many answered with no valid tool call (a routing task's answer comes from a tool): what
+    an accuracy below 1 is made of; "" when none."""
+    counts = collections.Counter()
+    for r in records:
+        if r["end_reason"] != "answer":
+            counts[_SHORT.get(r["end_reason"], r["end_reason"])] += 1
+        elif not r["calls"]:
+            counts["answered with no valid tool call"] += 1
+    return "" if not counts else f"of {len(records)} episodes, " + ", ".join(
+        f"{n} {why}" for why, n in counts.most_common())
 
 
 def eval_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
