@@ -124,7 +124,7 @@ for _ in range(64):
     bar.update(1)
     bar.set_postfix(acc="0.950", usd="0.0123")
 bar.close()
-print("task set  acc\\nrouting   0.95")
+print("task set  acc\\n\\nrouting   0.95")
 print("wrote eval.json", end="")
 """
 
@@ -140,8 +140,8 @@ def test_orchestrax_eval_s_episode_bar_drives_the_demo_s_and_stays_out_of_the_lo
     assert code == 0
     assert seen[-1] == (64, 64) and {t for _, t in seen} == {64}
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) > 2
-    assert lines == ["eval settings: samples=4", "task set  acc", "routing   0.95",
-                     "wrote eval.json"]
+    assert lines == ["eval settings: samples=4", "task set  acc", "", "routing   0.95",
+                     "wrote eval.json"]   # its blank lines too: the log reads as its output
     text = log.read_text()
     assert text.endswith("\n".join(lines) + "\n") and "\r" not in text and "64/64" not in text
 

@@ -244,19 +244,22 @@ def orchestrax_eval(cfg: TrainConfig, out: Path, baseline: Path | None, log_path
     argv = [sys.executable, "-m", "orchestrax.cli", "eval", "--policy", cfg.out_dir,
             "--tasks", "routing", "--turn-sweep", "", "--out", str(out)]
     argv += ["--baseline", str(baseline)] if baseline else []
-    bar = None
+    # Shown from the start: the command loads the policy and compiles its sampler (~10 s)
+    # before its first episode, when its own bar says how many there are.
+    bar = progress(None, 0, f"orchestrax eval, {label}", unit="episode", leave=False)
+    bar.bar_format = "{desc}: starting"
+    bar.refresh()
 
     def count(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = progress(total, 0, f"orchestrax eval, {label}", unit="episode", leave=False)
+        if bar.total != total:
+            bar.bar_format = None   # tqdm's own, now that there is a total
+            bar.reset(total)
         bar.update(done - bar.n)
 
     try:
         code, lines = run_logged(argv, log_path, count)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     if code:
         tail = "\n".join(lines[-20:])
         raise SystemExit(f"{tail}\norchestrax eval of {cfg.out_dir} failed (exit "
@@ -289,13 +292,14 @@ def run_logged(argv: list[str], log_path: Path, on_progress: Callable[[int, int]
         while chunk := proc.stdout.read1(65536):
             *segments, pending = re.split(rb"(\r\n|\r|\n)", pending + chunk)
             for text, end in zip(segments[::2], segments[1::2]):
-                frame = _FRAME.search(text) if end == b"\r" else None
-                if frame:
-                    on_progress(int(frame[1]), int(frame[2]))
-                elif text.strip():
-                    lines.append(text.decode(errors="replace"))
-                    f.write(lines[-1] + "\n")
-                    f.flush()
+                if end == b"\r":   # a bar's frame, or the blank one that erases it
+                    if frame := _FRAME.search(text):
+                        on_progress(int(frame[1]), int(frame[2]))
+                    if frame or not text.strip():
+                        continue
+                lines.append(text.decode(errors="replace"))
+                f.write(lines[-1] + "\n")
+                f.flush()
         if pending.strip():
             lines.append(pending.decode(errors="replace"))
             f.write(lines[-1] + "\n")

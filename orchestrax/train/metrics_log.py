@@ -202,9 +202,11 @@ class MetricsLog:
             self._wandb = None
 
 
-def progress(total: int, initial: int, desc: str, unit: str = "step", leave: bool = True):
+def progress(total: int | None, initial: int, desc: str, unit: str = "step",
+             leave: bool = True):
     """A tqdm bar over steps or `unit`s (shown on a terminal only, and not for a phase of none:
-    a warm start's RL phase; log lines print above it). `leave=False`: erased when closed."""
+    a warm start's RL phase; log lines print above it). `total` None: not known yet (a count
+    until it is set); `leave=False`: erased when closed."""
     from tqdm import tqdm
     return tqdm(total=total, initial=initial, desc=desc, unit=unit,
-                disable=None if total else True, dynamic_ncols=True, leave=leave)
+                disable=True if total == 0 else None, dynamic_ncols=True, leave=leave)
