@@ -300,25 +300,46 @@ def test_a_prompt_near_the_context_limit_is_prefilled_in_buckets_filled_out_from
                                    atol=1e-5, rtol=0)
 
 
-def test_a_last_chunk_filled_out_from_a_reused_prefix_with_holes(params, monkeypatch):
-    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16, min_chunk=8)
+def test_a_next_turn_fills_out_its_chunk_from_the_prefix_holes_and_all(params, monkeypatch):
+    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=32, min_chunk=8)
     held = []
     monkeypatch.setattr(eng, "_held", lambda *a: held.append(ContinuousEngine._held(eng, *a))
                         or held[-1])
-    # Turn 1: 16 tokens at 0..15, one reply token fed at 16. Turn 2: 3 new tokens padded to 8
-    # (holes at 17..21, tokens at 22..24), one reply token fed at 25.
     greedy = functools.partial(SamplingParams, temperature=0.0)
-    ids = prompt(16, 40)
-    for turn, extra in enumerate((2, 1)):
-        got = eng.generate([GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=2))])
-        ids = ids + got[0].output_ids + prompt(extra, 41 + turn)
-    # Turn 3: 23 tokens, 21 cached (the last at 25); its 2 new ones at 26, 27 and 36 output
-    # tokens (fed at 28..62) fill the slot: no room to pad, so one 8-token chunk re-feeds
-    # positions 20..25, two of them holes.
-    r = GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=64 - 28))
+    # Turn 1 on an empty slot: 9 tokens padded to 16 (holes at 0..6, tokens at 7..15), one
+    # reply token (sampled by the prefill, never fed).
+    ids = prompt(9, 40)
+    got = eng.generate([GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=1))])[0]
+    assert eng._content[0].pos == list(range(7, 16))
+    # Turn 2: the reply and 16 new tokens after the 9 cached ones, 17 new in all, go at 16..32
+    # with no hole: one 32-token chunk that re-feeds positions 1..15, the first six of them
+    # holes (the padding would have left holes at 16..30 and put the next turn at 48).
+    ids = ids + got.output_ids + prompt(16, 41)
+    r = GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=8))
     got = eng.generate([r])[0]
-    assert got.cached_tokens == 21 and len(got.output_ids) == 36
-    assert len(held) == 1 and held[0][1].tolist() == [False] * 2 + [True] * 4
+    assert got.cached_tokens == 9 and len(got.output_ids) == 8
+    assert len(held) == 1 and held[0][1].tolist() == [False] * 6 + [True] * 9
+    assert eng._content[0].pos == list(range(7, 16 + 17 + 7))
+    greedy_reference(params, r, got.output_ids)
+    np.testing.assert_allclose(got.logprobs, full_forward_logp(params, r, got.output_ids, 1.0),
+                               atol=1e-5, rtol=0)
+
+
+def test_an_episode_keeps_its_prefix_to_the_end_of_the_slot(params):
+    # 10 turns of 2 new tokens each (the reply's last, one tool token) after a 16-token
+    # prompt, in one 64-position slot: each turn takes 3 positions. Padded to a bucket of 8,
+    # a turn took 9, and from the sixth on no turn fit after the prefix: each was prefilled
+    # whole from position 0 again.
+    eng = ContinuousEngine(CFG, params, max_batch=1, max_len=64, prefill_chunk=16, min_chunk=8)
+    greedy = functools.partial(SamplingParams, temperature=0.0)
+    ids, cached = prompt(16, 50), []
+    for turn in range(10):
+        r = GenerateRequest(input_ids=ids, sampling=greedy(max_new_tokens=2))
+        got = eng.generate([r])[0]
+        cached.append(got.cached_tokens)
+        ids = ids + got.output_ids + prompt(1, 60 + turn)
+    assert cached == [0] + [16 + 3 * t - 2 for t in range(1, 10)]
+    assert eng.stats["prefill_tokens"] == 16 + 9 * 2
     greedy_reference(params, r, got.output_ids)
     np.testing.assert_allclose(got.logprobs, full_forward_logp(params, r, got.output_ids, 1.0),
                                atol=1e-5, rtol=0)

@@ -754,18 +754,21 @@ class ContinuousEngine:
         first `back` tokens what the slot holds there (the same ids at the same positions:
         their K/V recomputed, equal up to rounding; holes stay holes).
 
-        Padded on the left: one power-of-two bucket from `min_chunk` up to `prefill_chunk`, else
-        whole `prefill_chunk`s. When the padding leaves no room (the output budget runs to the
-        context limit), unpadded: whole `prefill_chunk`s, then one bucket for the rest, filled
-        out with the positions before it; with too few of those, the largest bucket the rest
-        holds goes first. So every chunk size is a bucket or `prefill_chunk`, whatever the
+        On an empty slot (`before` 0), padded on the left: one power-of-two bucket from
+        `min_chunk` up to `prefill_chunk`, else whole `prefill_chunk`s. After a prefix the slot
+        holds, or when the padding leaves no room (the output budget runs to the context
+        limit), unpadded: whole `prefill_chunk`s, then one bucket for the rest, filled out with
+        the positions before it; with too few of those, the largest bucket the rest holds goes
+        first. So the turns of an episode leave no holes between them: padding every turn's
+        few new tokens to a bucket used up to half the slot's positions, and the episode's
+        last turns, past `max_len`, lost the whole prefix. So every chunk size is a bucket or `prefill_chunk`, whatever the
         prompt's length, except that a prompt shorter than `min_chunk` on an empty slot with no
         room goes one token a chunk. Every prompt shorter than `room` fits."""
         room = self.max_len if room is None else room
         top = self.prefill_chunk
         lo = min(self.min_chunk, top)
         padded = bucket(n, lo=lo, hi=top) if n <= top else -(-n // top) * top
-        if padded < room:
+        if padded < room and before == 0:
             size = min(padded, top)
             return padded, ((size, 0),) * (padded // size)
         chunks, left = [(top, 0)] * (n // top), n % top
