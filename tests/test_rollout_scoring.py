@@ -34,6 +34,33 @@ def reference_logprobs(ids: list[int]) -> np.ndarray:
     return (logits - lse[:, None])[np.arange(len(ids) - 1), ids[1:]]
 
 
+def test_prompt_scorer_rows_are_right_padded_and_its_pass_asks_the_host_nothing(monkeypatch):
+    """Its rows are right-padded by construction (checked here), so its forward takes the
+    fused kernel with no layout conditional (XLA's kernel stands in for cuDNN's on the CPU),
+    and gives the NumPy reference's logprobs."""
+    import re
+
+    from orchestrax import rl
+    from orchestrax.models import model as model_lib
+    from orchestrax.rollout import prompt_logprobs as pl
+    monkeypatch.setitem(model_lib._FUSED, "auto", "xla")
+    scorer = pl.PromptScorer(CFG, lambda: PARAMS)
+    seen = []
+    score = pl._score
+
+    def spy(cfg, params, ids, mask, n_top):
+        rl.check_right_padded(mask, "PromptScorer rows")
+        seen.append(score.lower(cfg, params, ids, mask, n_top).compile().as_text())
+        return score(cfg, params, ids, mask, n_top)
+    monkeypatch.setattr(pl, "_score", spy)
+    prompts = [TOK.encode("the cat sat on the mat"), TOK.encode("a dog")]
+    got = scorer.score(prompts, [0, 0], [0, 0])
+    assert seen and not any(re.search(r"\bconditional\(", hlo) for hlo in seen)
+    for p, g in zip(prompts, got):
+        np.testing.assert_allclose(g.logprobs[1:], reference_logprobs(p), atol=1e-4)
+    score.clear_cache()   # the "xla" kernel's program must not serve later calls
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with socket.socket() as s:

@@ -38,7 +38,9 @@ def _score(cfg: models.ModelConfig, params: Any, ids_BT: jax.Array, mask_BT: jax
            n_top: int):
     """(logp_BT of token t given < t (0 at t = 0), top ids/logps [B, T, K] of the distribution
     predicting t (zeros at t = 0))."""
-    h_BTD = models.hidden_states(cfg, params, ids_BT, mask_BT)
+    # `PromptScorer._batch` right-pads every row: attention takes the fused kernel (cuDNN on
+    # a GPU) with no run-time layout check, a host read per layer on XLA:GPU.
+    h_BTD = models.hidden_states(cfg, params, ids_BT, mask_BT, right_padded=True)
     b, t, d = h_BTD.shape
     c = min(HEAD_CHUNK, t)
     h_NBCD = h_BTD.reshape(b, t // c, c, d).transpose(1, 0, 2, 3)
