@@ -170,9 +170,10 @@ def section_sampler(smoke: bool, concurrency: int) -> dict:
                 for i in range(n)]
 
     t0 = time.perf_counter()
-    # Compiles: one request dispatches the programs of all (the engine's slot count, the
-    # prompt's chunk and span, the decode's steps and span), without all their prefills.
-    engine.generate(requests(1, 2))
+    # Compiles: two requests dispatch the programs of all (the engine's slot count, the
+    # prompt's chunk and span, the decode's steps and span; the prefill of several rows where
+    # the chunk is short enough to batch), without all their prefills.
+    engine.generate(requests(min(2, concurrency), 2))
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     results = engine.generate(requests(concurrency, new))
@@ -295,6 +296,9 @@ def main() -> None:
     ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/orchestrax-xla"),
                     help="JAX persistent compilation cache")
+    ap.add_argument("--only", default="", help="comma-separated sections to run (train, "
+                    "train4b, sampler, pool; default all): a card too small for one (the 8B "
+                    "train row needs the H200's memory) skips it")
     ap.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)
     ap.add_argument("--arg", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -309,8 +313,11 @@ def main() -> None:
     device = jax.devices()[0]
     kind = f"{device.platform} {device.device_kind}"
     t0 = time.perf_counter()
+    only = {w for w in args.only.split(",") if w}
+    if only - set(SECTIONS):
+        raise SystemExit(f"--only {args.only!r}: sections are {', '.join(sorted(SECTIONS))}")
     rows = [run_child(name, arg, timeout, args.smoke, args.cache_dir)
-            for name, arg, timeout in plan(args.smoke)]
+            for name, arg, timeout in plan(args.smoke) if not only or name in only]
     total = time.perf_counter() - t0
     print(f"bench/gpu.py on {kind}{' (smoke)' if args.smoke else ''}, {total:.0f} s")
     for r in rows:
