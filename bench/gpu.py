@@ -299,6 +299,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated sections to run (train, "
                     "train4b, sampler, pool; default all): a card too small for one (the 8B "
                     "train row needs the H200's memory) skips it")
+    ap.add_argument("--timeout-scale", type=float, default=1.0,
+                    help="multiply every section's timeout (a lease with time to spare)")
     ap.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)
     ap.add_argument("--arg", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -316,7 +318,8 @@ def main() -> None:
     only = {w for w in args.only.split(",") if w}
     if only - set(SECTIONS):
         raise SystemExit(f"--only {args.only!r}: sections are {', '.join(sorted(SECTIONS))}")
-    rows = [run_child(name, arg, timeout, args.smoke, args.cache_dir)
+    rows = [run_child(name, arg, round(timeout * args.timeout_scale), args.smoke,
+                      args.cache_dir)
             for name, arg, timeout in plan(args.smoke) if not only or name in only]
     total = time.perf_counter() - t0
     print(f"bench/gpu.py on {kind}{' (smoke)' if args.smoke else ''}, {total:.0f} s")
