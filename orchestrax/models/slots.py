@@ -74,9 +74,10 @@ def forward_slots(cfg: ModelConfig, params: model.Params, ids_BT: jax.Array, val
     The caller keeps index_B[b] + T <= span <= S. Masked positions inside [0, index) are never
     read, so a row may hold holes (left padding of a chunk, a cut-off stale suffix).
 
-    Either way each layer scatters its new k/v into its own cache buffer in place; with
-    `rows_B`, its attention then reads a gathered copy of the B rows' first `span` positions,
-    which lives for that layer only (no whole-cache copy, no copy held across layers)."""
+    Either way each layer writes its new k/v into its own cache buffer in place (a scatter of
+    one position a row; with `rows_B`, one contiguous slab a row); with `rows_B`, its attention
+    then reads a gathered copy of the B rows' first `span` positions, which lives for that
+    layer only (no whole-cache copy, no copy held across layers)."""
     b, t = ids_BT.shape
     valid_BT = valid_BT.astype(jnp.bool_)
     pos_P = jnp.arange(span)
