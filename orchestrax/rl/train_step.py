@@ -28,24 +28,18 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchestrax import models, parallel
-from orchestrax.rl import contracts
-from orchestrax.rl.batch import check_right_padded
 from orchestrax.rl.grpo_config import GRPOConfig, OptimizerConfig
 from orchestrax.rl.losses import policy_loss_weighted, sft_loss, token_weights
 from orchestrax.rl.optim import lr_schedule, make_optimizer
 from orchestrax.rl.state import (Batch, TrainState, batch_shardings, data_parallel_degree,
                                  init_state, state_shardings)
+from orchestrax.rl.step_checks import check_batch, check_data_parallel, check_rows_right_padded
 
 Metrics = dict[str, jax.Array]
-_ROW_KEYS = ("tokens", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
-             "ref_logprobs", "advantages", "sample_mask", "segment_ids", "positions",
-             "rollout_ids")
-_PACKED_KEYS = ("segment_ids", "positions")
 
 
 class TrainStep(NamedTuple):
@@ -53,73 +47,6 @@ class TrainStep(NamedTuple):
     init: Callable[[Any], TrainState]             # params (donated) -> fresh TrainState
     step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
     shardings: TrainState | None                                # None without a mesh
-
-
-# --- input checks (outside jit, on shapes) -----------------------------------------------------
-def _check_batch(batch: Batch, gcfg: GRPOConfig) -> None:
-    for key in ("tokens", "attention_mask", "loss_mask") + (
-            ("advantages",) if gcfg.objective == "grpo" else ()):
-        if key not in batch:
-            raise ValueError(f"batch is missing {key!r}; has {sorted(batch)}")
-    unknown = set(batch) - set(_ROW_KEYS)
-    if unknown:
-        raise ValueError(f"batch has unknown keys {sorted(unknown)}; allowed: {_ROW_KEYS}")
-    contracts.check_rank("train_step", "batch['tokens']", batch["tokens"], 2, "[B,T]")
-    B, T = batch["tokens"].shape
-    for k, v in batch.items():
-        if k in ("advantages", "sample_mask", "rollout_ids"):
-            contracts.check_shape("train_step", f"batch[{k!r}]", v, (B,), f"[B] = ({B},)")
-        else:
-            contracts.check_shape("train_step", f"batch[{k!r}]", v, (B, T),
-                                  f"[B,T] = {(B, T)} like batch['tokens']")
-        if k in ("tokens", "segment_ids", "positions", "rollout_ids"):
-            contracts.check_integer("train_step", f"batch[{k!r}]", v)
-    n = gcfg.num_minibatches * gcfg.num_microbatches
-    if B % n:
-        raise ValueError(f"batch size {B} is not divisible by num_minibatches × num_microbatches "
-                         f"= {gcfg.num_minibatches} × {gcfg.num_microbatches}")
-    if gcfg.kl_coef > 0 and "ref_logprobs" not in batch:
-        raise ValueError("GRPOConfig.kl_coef > 0 needs batch['ref_logprobs']")
-    _check_packed(batch, gcfg)
-
-
-def _check_packed(batch: Batch, gcfg: GRPOConfig) -> None:
-    packed = [k for k in _PACKED_KEYS if k in batch]
-    if not packed:
-        return
-    if gcfg.objective != "sft":
-        raise ValueError(f"batch has {packed}, packed rows; they are for objective='sft' only "
-                         f"(got objective={gcfg.objective!r}: rollout rows are not packed)")
-    if len(packed) != len(_PACKED_KEYS):
-        raise ValueError(f"batch has {packed} without the rest of {_PACKED_KEYS}; packed rows "
-                         "need both")
-    if gcfg.agg != "token-mean":
-        raise ValueError(f"packed rows need GRPOConfig.agg='token-mean'; agg={gcfg.agg!r} would "
-                         "weigh each row of several sequences as one sequence")
-
-
-def _check_rows_right_padded(mask_BT) -> None:
-    """`check_right_padded` on the rows this process holds: a host array, or a jax.Array's
-    addressable shards (whole rows: batches are split by rows only)."""
-    if isinstance(mask_BT, jax.core.Tracer):
-        return
-    parts = ([np.asarray(s.data) for s in mask_BT.addressable_shards]
-             if isinstance(mask_BT, jax.Array) else [np.asarray(mask_BT)])
-    for part in parts:
-        if part.shape[1:] != np.shape(mask_BT)[1:]:
-            raise ValueError(f"train_step: batch['attention_mask'] is split along T "
-                             f"({part.shape} of {np.shape(mask_BT)}); right padding is checked "
-                             "on whole rows")
-        check_right_padded(part, "train_step batch")
-
-
-def _check_data_parallel(batch: Batch, mesh: Mesh, rules: parallel.Rules) -> None:
-    n, axes = data_parallel_degree(mesh, rules)
-    B = batch["tokens"].shape[0]
-    if B % n:
-        raise ValueError(f"batch size {B} is not divisible by the data-parallel degree {n} "
-                         f"(mesh axes {axes} of {dict(mesh.shape)}); pad the batch with "
-                         f"sample_mask = 0 rows")
 
 
 # --- pieces of the step (inside jit) ------------------------------------------------------------
@@ -415,11 +342,11 @@ def make_train_step(model_cfg: models.ModelConfig, grpo_cfg: GRPOConfig,
     cache: dict[tuple[str, ...], Callable] = {}
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        _check_batch(batch, grpo_cfg)
+        check_batch(batch, grpo_cfg)
         if right_padded:
-            _check_rows_right_padded(batch["attention_mask"])
+            check_rows_right_padded(batch["attention_mask"])
         if mesh is not None:
-            _check_data_parallel(batch, mesh, rules)
+            check_data_parallel(batch, mesh, rules)
         key = tuple(sorted(batch))
         if key not in cache:
             if mesh is None:
