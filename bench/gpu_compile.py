@@ -261,7 +261,7 @@ def _lower_engine(kind: str, scfg, sp, sh: dict, mesh, info: dict):
         # most span read) at its largest chunk.
         eng = engine_mod.ContinuousEngine(scfg, None, max_batch=slots, max_len=max_len)
         rows, chunk = ((1, min(eng.prefill_chunk, max_len)) if kind == "prefill" else
-                       max((p, c) for c, p in eng._batched_rows().items()))
+                       max((p, c) for c, p in eng.batched_rows.items()))
         info["rows"] += f", {rows} x chunk {chunk}"
 
         def lower(rows):

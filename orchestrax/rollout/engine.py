@@ -498,6 +498,8 @@ class ContinuousEngine:
         self.decode_steps, self.top_logprobs = decode_steps, top_logprobs
         self.prefix_cache, self.dispatch_reads = prefix_cache, dispatch_reads
         self.prefill_rows = min(prefill_rows, max_batch)
+        # chunk size -> rows of a dispatch, for the sizes several slots prefill together
+        self.batched_rows = self._batched_rows()
         self._rng = np.random.default_rng(seed)
         self._state: SlotState | None = None
         self._queue: list[_Job] = []
@@ -622,7 +624,8 @@ class ContinuousEngine:
         `_prefill` of one row for each chunk size `_chunking` can plan (`prefill_chunk` and
         the power-of-two buckets from `min_chunk` below it) at each S bucket that holds it (a
         later chunk, or one after a reused prefix, reads up to `max_len`), and with one token
-        at the smallest S bucket, and of several rows for the sizes `_batched_rows` names; `_decode` at each S bucket with its `steps_at` steps;
+        at the smallest S bucket, and of several rows for the sizes of `batched_rows`;
+        `_decode` at each S bucket with its `steps_at` steps;
         `_copy_prefix` at each S bucket when the prefix cache is on. Each of the first two once
         per value of `filtering` that requests can need (both, unless every request samples
         alike)."""
@@ -633,7 +636,7 @@ class ContinuousEngine:
         prefills = [(c, b) for c in sorted(sizes) for b in spans if b >= self._bucket(c)]
         if 1 not in sizes:    # a short prompt on an empty slot with no room to pad it
             prefills.insert(0, (1, spans[0]))
-        batched = self._batched_rows()
+        batched = self.batched_rows
         rows = [(1, c, b) for c, b in prefills] + [
             (batched[c], c, b) for c, b in prefills if c in batched]
         out = []
@@ -905,7 +908,7 @@ class ContinuousEngine:
         return {c: p for c, p in out.items() if p > 1}
 
     def _prefill_all(self, jobs: list[_Job], finished: list[GenerateResult]) -> None:
-        """The next chunk of each job: equal-sized chunks of a batched size (`_batched_rows`)
+        """The next chunk of each job: equal-sized chunks of a batched size (`batched_rows`)
         in dispatches of that size's rows (padded to them), the others one a dispatch. A
         job whose chunk cannot be planned is dropped alone; a failed dispatch drops its rows."""
         planned: dict[int, list[tuple[_Job, _Chunk]]] = {}
@@ -916,10 +919,9 @@ class ContinuousEngine:
                 self._drop(job, e)
                 continue
             planned.setdefault(len(chunk.ids), []).append((job, chunk))
-        batched = self._batched_rows()
         for size in sorted(planned):
             group = planned[size]
-            n = batched.get(size, 1)
+            n = self.batched_rows.get(size, 1)
             for lo in range(0, len(group), n):
                 self._prefill_rows(group[lo:lo + n], n, finished)
 
